@@ -1,0 +1,41 @@
+# Front door. `make bench` and `make test` are the two commands of the README's quick start.
+BUILD ?= build
+JOBS ?= $(shell nproc)
+CMAKE_ARGS ?=
+NGPUS := $(shell nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+
+.PHONY: all deps configure build test test-cpu test-gpu bench clean
+
+all: build
+
+deps:
+	@bash scripts/setup-deps.sh
+
+$(BUILD)/build.ninja: | deps
+	cmake -S . -B $(BUILD) -G Ninja $(CMAKE_ARGS)
+
+configure: $(BUILD)/build.ninja
+
+build: configure
+	cmake --build $(BUILD) -j $(JOBS)
+
+# Whole suite: CPU tests everywhere, GPU tests where GPUs exist (else a loud skip), Python where it can.
+test: build
+	@bash scripts/run-tests.sh $(BUILD)
+
+test-cpu: build
+	cd $(BUILD) && ctest -L cpu --output-on-failure
+
+test-gpu: build
+	cd $(BUILD) && ctest -L gpu --output-on-failure
+
+# The main job: the dispatch/combine benchmark on every local GPU.
+bench: build
+	@if [ "$(NGPUS)" = "0" ] || [ -z "$(NGPUS)" ]; then \
+	  echo "make bench: no GPU on this machine; nothing to benchmark (build is ready in $(BUILD)/)."; \
+	else \
+	  NVSHMEM_DISABLE_NVLS=1 NCCL_NVLS_ENABLE=0 $(BUILD)/tools/epkit-run -n $(NGPUS) -- $(BUILD)/tools/epkit-bench $(BENCH_ARGS); \
+	fi
+
+clean:
+	rm -rf $(BUILD)

@@ -1,0 +1,75 @@
+// AllToAll: expert-parallel dispatch and combine over NVSHMEM, split into send and receive halves.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+
+#include "epkit/communicator.hpp"
+#include "epkit/config.hpp"
+#include "epkit/layout.hpp"
+#include "epkit/types.hpp"
+
+namespace epkit {
+
+// Everything one dispatch call reads and writes. dispatch_send reads the inputs, dispatch_recv
+// writes the outputs; pass the same struct to both halves.
+struct DispatchArgs {
+  Tensor x;                  // [rows >= m, H], dispatch dtype
+  Tensor x_scale;            // [rows >= m, ceil(H/128)] fp32; required iff the payload is fp8
+  Tensor topk_idx;           // [rows >= m, K] int32, int64 or uint32; negative (or 0xffffffff) = no expert
+  int num_tokens = -1;       // m on the host, 0 <= m <= M; or -1 with num_tokens_device
+  const int32_t* num_tokens_device = nullptr;  // one-element device int holding m (one graph serves any m)
+  Tensor expert_x;           // [E/W, capacity, H], dispatch dtype (output)
+  Tensor expert_x_scale;     // [E/W, capacity, ceil(H/128)] fp32 (output, fp8 only)
+  Tensor expert_num_tokens;  // [E/W] int32 (output): tokens placed per local expert
+};
+
+// Everything one combine call reads and writes; pass the same struct to both halves.
+struct CombineArgs {
+  Tensor expert_y;           // [E/W, capacity, H], combine_in dtype: expert outputs, slot for slot as dispatched
+  Tensor topk_idx;           // [rows >= m, K], the same indices as the matching dispatch
+  Tensor topk_weights;       // [rows >= m, K] fp32
+  int num_tokens = -1;       // m, as in DispatchArgs
+  const int32_t* num_tokens_device = nullptr;
+  Tensor out;                // [rows >= m, H], combine_out dtype (output): sum_k w[t,k] * y(idx[t,k], t)
+};
+
+class AllToAll {
+ public:
+  // Collective over all ranks of comm: checks that every rank passed the same config (throws
+  // naming the field and the ranks otherwise) and allocates the symmetric buffers.
+  AllToAll(const Communicator& comm, const AllToAllConfig& cfg);
+  ~AllToAll();
+  AllToAll(const AllToAll&) = delete;
+  AllToAll& operator=(const AllToAll&) = delete;
+
+  const AllToAllConfig& config() const;
+
+  // Each call validates its arguments on the host, raises any pending device error, then launches
+  // on `stream` without host synchronisation or allocation (capturable in a CUDA graph).
+  // Calls must come in the order dispatch_send, dispatch_recv, combine_send, combine_recv per layer.
+  void dispatch_send(const DispatchArgs& a, cudaStream_t stream);
+  void dispatch_recv(const DispatchArgs& a, cudaStream_t stream);
+  void dispatch(const DispatchArgs& a, cudaStream_t stream);  // both halves, one kernel
+  void combine_send(const CombineArgs& a, cudaStream_t stream);
+  void combine_recv(const CombineArgs& a, cudaStream_t stream);
+  void combine(const CombineArgs& a, cudaStream_t stream);    // both halves, one kernel
+
+  // Raises epkit::Error if a kernel recorded an error (timeout, capacity overflow, bad index, m > M).
+  // Does not synchronise: call after cudaStreamSynchronize to see the errors of finished work.
+  void check() const;
+
+  size_t symmetric_bytes() const;  // NVSHMEM heap taken by this object
+  size_t workspace_bytes() const;  // local device workspace taken by this object
+  // Number of peers reached by direct loads/stores (the rest use put-with-signal).
+  int num_p2p_peers() const;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace epkit

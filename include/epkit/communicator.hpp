@@ -1,0 +1,57 @@
+// Communicator: owns NVSHMEM's lifetime for this process (RAII) and knows rank, world and device.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+
+namespace epkit {
+
+// Opaque NVSHMEM unique id (128 bytes), produced by rank 0 and handed to every rank out of band.
+struct UniqueId {
+  std::array<uint8_t, 128> bytes{};
+};
+
+// Makes a fresh unique id (call on one rank only).
+UniqueId make_unique_id();
+
+class Communicator {
+ public:
+  // Reads RANK, WORLD_SIZE, LOCAL_RANK (torchrun / epkit-run convention), selects GPU
+  // LOCAL_RANK % device_count, and bootstraps NVSHMEM with a unique id that rank 0 serves over TCP
+  // on MASTER_ADDR:MASTER_PORT. Collective.
+  static Communicator from_env();
+  // Bootstraps NVSHMEM from an id every rank already holds. device < 0 keeps the current device.
+  static Communicator from_unique_id(int rank, int world_size, const UniqueId& id, int device = -1);
+#ifdef EPKIT_WITH_MPI
+  // Bootstraps NVSHMEM over an MPI communicator (pass &comm, an MPI_Comm*). Collective over it.
+  static Communicator from_mpi(void* mpi_comm, int device = -1);
+#endif
+
+  Communicator(Communicator&& other) noexcept;
+  Communicator& operator=(Communicator&& other) noexcept;
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+  ~Communicator();  // finalizes NVSHMEM unless a device-side timeout left peers unreachable
+
+  int rank() const { return rank_; }
+  int world_size() const { return world_size_; }
+  int local_rank() const { return local_rank_; }
+  int device() const { return device_; }
+  // Host-side barrier over all ranks (nvshmem_barrier_all). Not for use inside captured graphs.
+  void barrier() const;
+  // Broadcasts n bytes from root's buffer to every rank's (host memory). Collective.
+  void broadcast(void* data, size_t n, int root) const;
+
+ private:
+  Communicator() = default;
+  int rank_ = -1, world_size_ = 0, local_rank_ = 0, device_ = 0;
+  bool owns_ = false;
+};
+
+// True once any epkit object in this process saw a device-side timeout: NVSHMEM's own collectives
+// (finalize included) could then block on a dead peer, so the Communicator skips them.
+bool peers_unreachable();
+void mark_peers_unreachable();
+
+}  // namespace epkit

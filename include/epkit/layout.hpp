@@ -1,0 +1,62 @@
+// The single source of truth for every buffer epkit allocates: symmetric (NVSHMEM) and local workspace.
+// Kernels, host code, docs/ARCHITECTURE.md and the benchmark's memory report all use these formulas.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "epkit/config.hpp"
+
+namespace epkit {
+
+// A dispatch message: one per (token, destination rank). Header, then payload, then scales.
+//   header: int32 token index, int32 padding x3, then K x {int32 expert, int32 rank-within-(sender, expert)}
+struct MessageLayout {
+  size_t header_bytes = 0;   // 16 + 8 * K, rounded up to 16
+  size_t payload_bytes = 0;  // H * sizeof(dispatch dtype)
+  size_t scale_bytes = 0;    // ceil(H/128) * 4 for fp8, else 0 (rounded up to 16)
+  size_t bytes = 0;          // header + payload + scales
+
+  static MessageLayout make(const AllToAllConfig& cfg);
+};
+
+// Symmetric heap (identical on every rank; peers address it as base + offset).
+struct SymmetricLayout {
+  MessageLayout msg;
+  size_t max_msgs_per_src = 0;   // ceil(M / D): messages one source rank can send to one destination
+
+  // Dispatch.
+  size_t dispatch_recv = 0;      // [W][ceil(M/D)] messages, written by source ranks
+  size_t dispatch_stage = 0;     // [ceil(M/D)] messages, staging for the portable path (local)
+  size_t dispatch_counts = 0;    // [W][L + 1] int32: per-(source, local expert) counts, then #messages
+  size_t dispatch_count_stage = 0; // [W][L + 1] int32 staging for the portable path
+  size_t dispatch_count_flag = 0;  // [W] uint64: seq of the call whose counts have landed
+  size_t dispatch_recv_ctr = 0;    // [W] uint64: messages landed from each source, cumulative
+  // Combine.
+  size_t weights_recv = 0;       // [W][ceil(M/D)][K] fp32: router weights of received messages
+  size_t weights_stage = 0;      // [ceil(M/D)][K] fp32 staging for the portable path
+  size_t weights_recv_ctr = 0;   // [W] uint64: weight rows landed from each source, cumulative
+  size_t combine_recv = 0;       // [W][M][H] out dtype: one partial per (source rank, token)
+  size_t combine_stage = 0;      // [W * ceil(M/D)][H] out dtype: partial staging for the portable path
+  size_t combine_flag = 0;       // [W][M] uint64: seq of the call whose partial has landed
+  size_t barrier_flag = 0;       // [W] uint64: seq of the call each peer has entered combine with
+  size_t total_bytes = 0;
+
+  static SymmetricLayout make(const AllToAllConfig& cfg);
+};
+
+// Local (per-rank, non-symmetric) device workspace.
+struct WorkspaceLayout {
+  size_t state = 0;        // DeviceState (seq counter, bases, error record pointer)
+  size_t send_slot = 0;    // [ceil(M/D)][W] int32: slot of each own token at each destination, -1 if none
+  size_t num_msgs = 0;     // [W] int32: messages received from each source in the current call
+  size_t recv_map = 0;     // [W][ceil(M/D)][K + 1] int32: token index, then expert slot (el*cap+pos) or -1
+  size_t peer_bases = 0;   // [W] pointers: peer address of the symmetric base, null if not P2P
+  size_t total_bytes = 0;
+
+  static WorkspaceLayout make(const AllToAllConfig& cfg);
+};
+
+inline size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+
+}  // namespace epkit

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Installs what the build needs and the machine lacks, into the project (.deps/), idempotently.
+# - NVSHMEM: pinned wheel nvidia-nvshmem-cu13==3.4.5 (the GPU box's version), unless NVSHMEM_HOME
+#   or python3's nvidia.nvshmem already provides it.
+# - GoogleTest: Debian's googletest sources (apt) where apt works; a copy goes to .deps/googletest so
+#   machines without apt (the GPU box) can build it from the carried tree.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+NVSHMEM_PIN="nvidia-nvshmem-cu13==3.4.5"
+mkdir -p .deps
+
+have_nvshmem() {
+  [ -n "${NVSHMEM_HOME:-}" ] && [ -f "$NVSHMEM_HOME/include/nvshmem.h" ] && return 0
+  python3 -c "import nvidia.nvshmem as m, os, sys; sys.exit(0 if os.path.exists(os.path.join(m.__path__[0],'lib','libnvshmem_device.a')) else 1)" 2>/dev/null && return 0
+  [ -f .deps/nvshmem/lib/libnvshmem_device.a ] && return 0
+  return 1
+}
+if ! have_nvshmem; then
+  echo "[deps] installing $NVSHMEM_PIN into .deps/"
+  python3 -m pip install -q --no-deps --target .deps/py "$NVSHMEM_PIN"
+  ln -sfn "$(pwd)/.deps/py/nvidia/nvshmem" .deps/nvshmem
+fi
+
+if [ ! -f .deps/googletest/CMakeLists.txt ]; then
+  if [ ! -f /usr/src/googletest/CMakeLists.txt ] && command -v apt-get >/dev/null 2>&1; then
+    echo "[deps] installing googletest (Debian)"
+    (apt-get install -y -q googletest >/dev/null 2>&1 || { apt-get update -q >/dev/null && apt-get install -y -q googletest >/dev/null; })
+  fi
+  if [ -f /usr/src/googletest/CMakeLists.txt ]; then
+    cp -r /usr/src/googletest .deps/googletest
+  fi
+fi
+[ -f .deps/googletest/CMakeLists.txt ] || { echo "[deps] GoogleTest sources not found and apt unavailable" >&2; exit 1; }
+echo "[deps] ok"
