@@ -1,7 +1,10 @@
 // Communicator: owns NVSHMEM's lifetime for this process (RAII) and knows rank, world and device.
 #pragma once
 
+#include <cuda_runtime_api.h>
+
 #include <array>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
@@ -42,6 +45,17 @@ class Communicator {
   void barrier() const;
   // Broadcasts n bytes from root's buffer to every rank's (host memory). Collective.
   void broadcast(void* data, size_t n, int root) const;
+  // All-gathers n bytes from every rank into out[world_size * n] (host memory). Collective.
+  void allgather(const void* data, size_t n, void* out) const;
+
+  // Symmetric-heap helpers (collective; same size on every rank). Throws on failure.
+  void* symmetric_malloc(size_t bytes) const;
+  void symmetric_free(void* ptr) const;
+  // nvshmemx_barrier_all_on_stream.
+  void barrier_on_stream(cudaStream_t stream) const;
+  // Dense all-to-all of `bytes_per_rank` bytes to each rank between symmetric buffers, on a stream
+  // (nvshmemx_alltoallmem_on_stream over the world team).
+  void alltoall_on_stream(void* dst, const void* src, size_t bytes_per_rank, cudaStream_t stream) const;
 
  private:
   Communicator() = default;
