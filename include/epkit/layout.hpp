@@ -50,6 +50,7 @@ struct WorkspaceLayout {
   size_t state = 0;        // DeviceState (seq counter, bases, error record pointer)
   size_t send_slot = 0;    // [ceil(M/D)][W] int32: slot of each own token at each destination, -1 if none
   size_t num_msgs = 0;     // [W] int32: messages received from each source in the current call
+  size_t recv_base = 0;    // [W] uint64: messages consumed from each source over all earlier calls
   size_t recv_map = 0;     // [W][ceil(M/D)][K + 1] int32: token index, then expert slot (el*cap+pos) or -1
   size_t peer_bases = 0;   // [W] pointers: peer address of the symmetric base, null if not P2P
   size_t total_bytes = 0;

@@ -1,0 +1,412 @@
+// Host orchestration of AllToAll: config agreement, buffer allocation, argument validation, error
+// reporting and kernel launches. No host synchronisation or allocation on the call path.
+#include <nvshmem.h>
+#include <nvshmemx.h>
+
+#include <cstring>
+#include <sstream>
+#include <vector>
+
+#include "epkit/all_to_all.hpp"
+#include "epkit/error.hpp"
+#include "kernels/launch.hpp"
+#include "transport/cuda_check.hpp"
+
+namespace epkit {
+
+using kernels::CommParams;
+using kernels::ErrorRecord;
+
+namespace {
+
+enum class Next { kDispatchSend, kDispatchRecv, kCombineSend, kCombineRecv };
+const char* next_name(Next n) {
+  switch (n) {
+    case Next::kDispatchSend: return "dispatch_send (or dispatch)";
+    case Next::kDispatchRecv: return "dispatch_recv";
+    case Next::kCombineSend: return "combine_send (or combine)";
+    case Next::kCombineRecv: return "combine_recv";
+  }
+  return "?";
+}
+const char* phase_name(int p) {
+  static const char* n[] = {"dispatch_send", "dispatch_recv", "combine_send", "combine_recv"};
+  return p >= 0 && p < 4 ? n[p] : "?";
+}
+const char* wait_name(int w) {
+  static const char* n[] = {"nothing", "the dispatch counts", "the dispatched tokens", "the router weights",
+                            "the combine partial", "the combine-entry barrier flag"};
+  return w >= 0 && w < 6 ? n[w] : "?";
+}
+
+// Checks dtype, rank and the fixed dims of a tensor (-1 = any); returns dim 0.
+int64_t check_tensor(const Tensor& t, const char* name, std::initializer_list<DType> dtypes,
+                     std::initializer_list<int64_t> dims) {
+  EPKIT_CHECK(t.data != nullptr, name, " is missing (null data pointer)");
+  bool ok = false;
+  std::string allowed;
+  for (DType d : dtypes) {
+    ok |= t.dtype == d;
+    allowed += (allowed.empty() ? "" : " or ") + std::string(dtype_name(d));
+  }
+  EPKIT_CHECK(ok, name, " has dtype ", dtype_name(t.dtype), ", expected ", allowed);
+  EPKIT_CHECK(t.ndim == static_cast<int>(dims.size()), name, " has shape ", t.shape_str(), " (", t.ndim,
+              " dims), expected ", dims.size(), " dims");
+  int i = 0;
+  for (int64_t d : dims) {
+    EPKIT_CHECK(d < 0 || t.shape[i] == d, name, " has shape ", t.shape_str(), ": dim ", i, " is ", t.shape[i],
+                ", expected ", d);
+    EPKIT_CHECK(t.shape[i] >= 0, name, " has negative dim ", i);
+    ++i;
+  }
+  EPKIT_CHECK(reinterpret_cast<uintptr_t>(t.data) % 16 == 0, name, " data pointer is not 16-byte aligned");
+  return t.shape[0];
+}
+
+kernels::IndexType index_type(const Tensor& t) {
+  switch (t.dtype) {
+    case DType::kInt32: return kernels::kIdxInt32;
+    case DType::kInt64: return kernels::kIdxInt64;
+    default: return kernels::kIdxUInt32;
+  }
+}
+
+}  // namespace
+
+struct AllToAll::Impl {
+  AllToAllConfig cfg;
+  SymmetricLayout sym_layout;
+  WorkspaceLayout ws_layout;
+  uint8_t* sym = nullptr;
+  uint8_t* ws = nullptr;
+  ErrorRecord* err_host = nullptr;
+  ErrorRecord* err_dev = nullptr;
+  CommParams params{};
+  kernels::LaunchShape dispatch_shape{}, combine_shape{};
+  int p2p_peers = 0;
+  Next next = Next::kDispatchSend;
+  bool dead = false;
+  cudaStream_t aux = nullptr;
+
+  void raise_pending();
+  void expect(Next want, const char* call) const {
+    EPKIT_CHECK(!dead, call, ": this AllToAll saw a device-side timeout earlier and is unusable");
+    EPKIT_CHECK(next == want, call, " called out of order: the next call must be ", next_name(next));
+  }
+  kernels::TokenCount token_count(int host_m, const int32_t* dev_m, int64_t rows, const char* call) const;
+};
+
+kernels::TokenCount AllToAll::Impl::token_count(int host_m, const int32_t* dev_m, int64_t rows,
+                                                const char* call) const {
+  const int M = cfg.max_tokens_per_rank;
+  if (dev_m) {
+    EPKIT_CHECK(host_m < 0, call, ": give m either on the host (num_tokens = ", host_m,
+                ") or on the device (num_tokens_device), not both");
+    return {-1, dev_m, static_cast<int>(rows < M ? rows : M)};
+  }
+  EPKIT_CHECK(host_m >= 0, call, ": num_tokens = ", host_m, " must be >= 0 (or pass num_tokens_device)");
+  EPKIT_CHECK(host_m <= M, call, ": num_tokens = ", host_m, " exceeds max_tokens_per_rank = ", M);
+  EPKIT_CHECK(host_m <= rows, call, ": num_tokens = ", host_m, " exceeds the tensors' first dimension = ", rows);
+  return {host_m, nullptr, static_cast<int>(rows < M ? rows : M)};
+}
+
+void AllToAll::Impl::raise_pending() {
+  const int code = err_host->code;
+  if (code == kernels::kErrNone) return;
+  std::ostringstream os;
+  const ErrorRecord& e = *err_host;
+  os << "epkit: ";
+  bool fatal = false;
+  switch (code) {
+    case kernels::kErrTimeout:
+      fatal = true;
+      os << "rank " << e.rank << " timed out after " << params.timeout_ns / 1000000
+         << " ms in " << phase_name(e.phase) << " waiting for " << wait_name(e.what) << " from rank " << e.peer;
+      if (e.token >= 0) os << " (token " << e.token << ")";
+      os << " [call " << e.seq << ": flag = " << e.value << ", expected " << e.limit
+         << "]. Rank " << e.peer
+         << " is dead, stuck, or skipped a call. This AllToAll is unusable; NVSHMEM will not be finalized.";
+      break;
+    case kernels::kErrCapacity:
+      os << "capacity overflow in dispatch_recv on rank " << e.rank << ": expert " << e.expert << " received "
+         << e.value << " tokens but capacity = " << e.limit << "; " << (e.value - e.limit)
+         << " were dropped and contribute nothing to combine. Raise AllToAllConfig::capacity (max M * W / D = "
+         << static_cast<int64_t>(cfg.max_tokens_per_rank) * (cfg.world_size / cfg.dp_size) << ")";
+      break;
+    case kernels::kErrExpertIndex:
+      os << "topk_idx holds expert " << e.value << " (token " << e.token << ", " << phase_name(e.phase)
+         << " on rank " << e.rank << ") but num_experts = " << e.limit << "; the entry was skipped";
+      break;
+    case kernels::kErrNumTokens:
+      os << "num_tokens_device holds m = " << e.value << " (" << phase_name(e.phase) << " on rank " << e.rank
+         << ") but the limit is " << e.limit << " = min(max_tokens_per_rank, rows); it was clamped";
+      break;
+    default:
+      os << "unknown device error code " << code;
+  }
+  if (fatal) {
+    dead = true;
+    mark_peers_unreachable();
+  } else {
+    // Recoverable: the protocol completed. Re-arm the record for the next error.
+    err_host->code = kernels::kErrNone;
+    cudaMemsetAsync(&params.state->error_lock, 0, sizeof(int32_t), aux);
+  }
+  throw Error(os.str());
+}
+
+AllToAll::AllToAll(const Communicator& comm, const AllToAllConfig& cfg_in) : impl_(std::make_unique<Impl>()) {
+  Impl& I = *impl_;
+  I.cfg = cfg_in;
+  const AllToAllConfig& cfg = I.cfg;
+
+  // Agreement first (collective, fixed size), so that a config that is bad on one rank fails on all.
+  std::string local_error;
+  try {
+    validate(cfg);
+    EPKIT_CHECK(cfg.world_size == comm.world_size(), "world_size = ", cfg.world_size,
+                " but the communicator has ", comm.world_size(), " ranks");
+    EPKIT_CHECK(cfg.rank == comm.rank(), "rank = ", cfg.rank, " but the communicator's rank is ", comm.rank());
+    (void)resolved_timeout_ms(cfg);
+  } catch (const Error& e) {
+    local_error = e.what();
+  }
+  auto fields = agreement_fields(cfg);
+  const int nf = static_cast<int>(fields.size());
+  std::vector<int64_t> mine(nf + 1), all(static_cast<size_t>(nf + 1) * comm.world_size());
+  for (int i = 0; i < nf; ++i) mine[i] = fields[i].second;
+  mine[nf] = local_error.empty() ? 1 : 0;
+  comm.allgather(mine.data(), mine.size() * sizeof(int64_t), all.data());
+  if (!local_error.empty()) throw Error("AllToAll config rejected on rank " + std::to_string(comm.rank()) + ": " + local_error);
+  for (int r = 0; r < comm.world_size(); ++r)
+    EPKIT_CHECK(all[static_cast<size_t>(r) * (nf + 1) + nf] == 1, "AllToAll config rejected on rank ", r,
+                " (see that rank's error)");
+  for (int i = 0; i < nf; ++i)
+    for (int r = 0; r < comm.world_size(); ++r) {
+      const int64_t v = all[static_cast<size_t>(r) * (nf + 1) + i];
+      EPKIT_CHECK(v == mine[i], "AllToAll config mismatch on field '", fields[i].first, "': rank ", comm.rank(),
+                  " has ", mine[i], ", rank ", r, " has ", v);
+    }
+
+  I.sym_layout = SymmetricLayout::make(cfg);
+  I.ws_layout = WorkspaceLayout::make(cfg);
+  I.sym = static_cast<uint8_t*>(comm.symmetric_malloc(I.sym_layout.total_bytes));
+  EPKIT_CUDA_CHECK(cudaMemset(I.sym, 0, I.sym_layout.total_bytes));
+  EPKIT_CUDA_CHECK(cudaMalloc(&I.ws, I.ws_layout.total_bytes));
+  EPKIT_CUDA_CHECK(cudaMemset(I.ws, 0, I.ws_layout.total_bytes));
+  EPKIT_CUDA_CHECK(cudaHostAlloc(&I.err_host, sizeof(ErrorRecord), cudaHostAllocMapped));
+  std::memset(static_cast<void*>(I.err_host), 0, sizeof(ErrorRecord));
+  EPKIT_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&I.err_dev), I.err_host, 0));
+  EPKIT_CUDA_CHECK(cudaStreamCreateWithFlags(&I.aux, cudaStreamNonBlocking));
+
+  std::vector<uint8_t*> peers(cfg.world_size, nullptr);
+  for (int r = 0; r < cfg.world_size; ++r) {
+    if (cfg.path == DataPath::kPortable) break;
+    peers[r] = static_cast<uint8_t*>(nvshmem_ptr(I.sym, r));
+    if (peers[r] && r != cfg.rank) ++I.p2p_peers;
+  }
+  uint8_t** peer_dev = reinterpret_cast<uint8_t**>(I.ws + I.ws_layout.peer_bases);
+  EPKIT_CUDA_CHECK(cudaMemcpy(peer_dev, peers.data(), peers.size() * sizeof(uint8_t*), cudaMemcpyHostToDevice));
+
+  const MessageLayout& msg = I.sym_layout.msg;
+  CommParams& p = I.params;
+  p.rank = cfg.rank;
+  p.world_size = cfg.world_size;
+  p.dp_size = cfg.dp_size;
+  p.num_experts = cfg.num_experts;
+  p.num_local_experts = num_local_experts(cfg);
+  p.topk = cfg.experts_per_token;
+  p.hidden = cfg.hidden;
+  p.max_tokens = cfg.max_tokens_per_rank;
+  p.max_msgs_per_src = max_tokens_per_sender(cfg);
+  p.capacity = effective_capacity(cfg);
+  p.num_scales = scales_per_token(cfg);
+  p.msg_bytes = static_cast<int>(msg.bytes);
+  p.header_bytes = static_cast<int>(msg.header_bytes);
+  p.payload_bytes = static_cast<int>(msg.payload_bytes);
+  p.out_row_bytes = static_cast<int>(cfg.hidden * dtype_size(cfg.combine_out_dtype));
+  p.timeout_ns = static_cast<uint64_t>(resolved_timeout_ms(cfg)) * 1000000ull;
+  p.sym = I.sym;
+  p.peer_bases = peer_dev;
+  const SymmetricLayout& s = I.sym_layout;
+  p.off_dispatch_recv = s.dispatch_recv;
+  p.off_dispatch_stage = s.dispatch_stage;
+  p.off_dispatch_counts = s.dispatch_counts;
+  p.off_dispatch_count_stage = s.dispatch_count_stage;
+  p.off_dispatch_count_flag = s.dispatch_count_flag;
+  p.off_dispatch_recv_ctr = s.dispatch_recv_ctr;
+  p.off_weights_recv = s.weights_recv;
+  p.off_weights_stage = s.weights_stage;
+  p.off_weights_recv_ctr = s.weights_recv_ctr;
+  p.off_combine_recv = s.combine_recv;
+  p.off_combine_stage = s.combine_stage;
+  p.off_combine_flag = s.combine_flag;
+  p.off_barrier_flag = s.barrier_flag;
+  const WorkspaceLayout& w = I.ws_layout;
+  static_assert(sizeof(kernels::DeviceState) <= 4096, "DeviceState outgrew its workspace region");
+  p.state = reinterpret_cast<kernels::DeviceState*>(I.ws + w.state);
+  p.send_slot = reinterpret_cast<int32_t*>(I.ws + w.send_slot);
+  p.num_msgs = reinterpret_cast<int32_t*>(I.ws + w.num_msgs);
+  p.recv_base = reinterpret_cast<uint64_t*>(I.ws + w.recv_base);
+  p.recv_map = reinterpret_cast<int32_t*>(I.ws + w.recv_map);
+  p.err = I.err_dev;
+
+  int dev = 0, sms = 0;
+  EPKIT_CUDA_CHECK(cudaGetDevice(&dev));
+  EPKIT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  // One block per SM at most: the fused kernels spin-wait, so every block must be resident.
+  const int blocks = cfg.num_sms > 0 && cfg.num_sms < sms ? cfg.num_sms : sms;
+  I.dispatch_shape = {blocks, 512, kernels::dispatch_smem_bytes(cfg.world_size, cfg.num_experts)};
+  I.combine_shape = {blocks, 512, kernels::combine_smem_bytes(cfg.world_size)};
+  EPKIT_CUDA_CHECK(cudaDeviceSynchronize());
+  comm.barrier();  // every rank's buffers are zeroed before any peer writes into them
+}
+
+AllToAll::~AllToAll() {
+  if (!impl_) return;
+  Impl& I = *impl_;
+  if (!I.dead && !peers_unreachable()) {
+    cudaDeviceSynchronize();
+    nvshmem_barrier_all();  // no peer may still write into our buffers when we free them
+    nvshmem_free(I.sym);
+  }
+  cudaFree(I.ws);
+  cudaFreeHost(I.err_host);
+  if (I.aux) cudaStreamDestroy(I.aux);
+}
+
+const AllToAllConfig& AllToAll::config() const { return impl_->cfg; }
+size_t AllToAll::symmetric_bytes() const { return impl_->sym_layout.total_bytes; }
+size_t AllToAll::workspace_bytes() const { return impl_->ws_layout.total_bytes; }
+int AllToAll::num_p2p_peers() const { return impl_->p2p_peers; }
+void AllToAll::check() const { impl_->raise_pending(); }
+
+namespace {
+
+kernels::DispatchIO check_dispatch(AllToAll::Impl& I, const DispatchArgs& a, bool send, bool recv, const char* call);
+kernels::CombineIO check_combine(AllToAll::Impl& I, const CombineArgs& a, bool send, bool recv, const char* call);
+
+}  // namespace
+
+void AllToAll::dispatch_send(const DispatchArgs& a, cudaStream_t st) {
+  Impl& I = *impl_;
+  I.raise_pending();
+  I.expect(Next::kDispatchSend, "dispatch_send");
+  const auto io = check_dispatch(I, a, true, false, "dispatch_send");
+  EPKIT_CUDA_CHECK(kernels::launch_dispatch(I.params, io, true, false, I.dispatch_shape, st));
+  I.next = Next::kDispatchRecv;
+}
+
+void AllToAll::dispatch_recv(const DispatchArgs& a, cudaStream_t st) {
+  Impl& I = *impl_;
+  I.raise_pending();
+  I.expect(Next::kDispatchRecv, "dispatch_recv");
+  const auto io = check_dispatch(I, a, false, true, "dispatch_recv");
+  EPKIT_CUDA_CHECK(kernels::launch_dispatch(I.params, io, false, true, I.dispatch_shape, st));
+  I.next = Next::kCombineSend;
+}
+
+void AllToAll::dispatch(const DispatchArgs& a, cudaStream_t st) {
+  Impl& I = *impl_;
+  I.raise_pending();
+  I.expect(Next::kDispatchSend, "dispatch");
+  const auto io = check_dispatch(I, a, true, true, "dispatch");
+  EPKIT_CUDA_CHECK(kernels::launch_dispatch(I.params, io, true, true, I.dispatch_shape, st));
+  I.next = Next::kCombineSend;
+}
+
+void AllToAll::combine_send(const CombineArgs& a, cudaStream_t st) {
+  Impl& I = *impl_;
+  I.raise_pending();
+  I.expect(Next::kCombineSend, "combine_send");
+  const auto io = check_combine(I, a, true, false, "combine_send");
+  EPKIT_CUDA_CHECK(kernels::launch_combine(I.params, io, I.cfg.combine_in_dtype, I.cfg.combine_out_dtype, true, false,
+                                           I.combine_shape, st));
+  I.next = Next::kCombineRecv;
+}
+
+void AllToAll::combine_recv(const CombineArgs& a, cudaStream_t st) {
+  Impl& I = *impl_;
+  I.raise_pending();
+  I.expect(Next::kCombineRecv, "combine_recv");
+  const auto io = check_combine(I, a, false, true, "combine_recv");
+  EPKIT_CUDA_CHECK(kernels::launch_combine(I.params, io, I.cfg.combine_in_dtype, I.cfg.combine_out_dtype, false, true,
+                                           I.combine_shape, st));
+  I.next = Next::kDispatchSend;
+}
+
+void AllToAll::combine(const CombineArgs& a, cudaStream_t st) {
+  Impl& I = *impl_;
+  I.raise_pending();
+  I.expect(Next::kCombineSend, "combine");
+  const auto io = check_combine(I, a, true, true, "combine");
+  EPKIT_CUDA_CHECK(kernels::launch_combine(I.params, io, I.cfg.combine_in_dtype, I.cfg.combine_out_dtype, true, true,
+                                           I.combine_shape, st));
+  I.next = Next::kDispatchSend;
+}
+
+namespace {
+
+constexpr std::initializer_list<DType> kIndexTypes = {DType::kInt32, DType::kInt64, DType::kUInt32};
+
+kernels::DispatchIO check_dispatch(AllToAll::Impl& I, const DispatchArgs& a, bool send, bool recv, const char* call) {
+  const AllToAllConfig& c = I.cfg;
+  const int H = c.hidden, K = c.experts_per_token, L = num_local_experts(c), cap = effective_capacity(c);
+  const int ns = scales_per_token(c);
+  kernels::DispatchIO io{};
+  if (send) {
+    int64_t rows = check_tensor(a.x, "x", {c.dispatch_dtype}, {-1, H});
+    io.x = static_cast<const uint8_t*>(a.x.data);
+    if (has_scales(c)) {
+      const int64_t r = check_tensor(a.x_scale, "x_scale", {DType::kFP32}, {-1, ns});
+      rows = r < rows ? r : rows;
+      io.x_scale = static_cast<const float*>(a.x_scale.data);
+    } else {
+      EPKIT_CHECK(!a.x_scale.defined(), "x_scale given but dispatch_dtype = ", dtype_name(c.dispatch_dtype),
+                  " carries no scales");
+    }
+    const int64_t r = check_tensor(a.topk_idx, "topk_idx", kIndexTypes, {-1, K});
+    rows = r < rows ? r : rows;
+    io.topk_idx = a.topk_idx.data;
+    io.idx_type = index_type(a.topk_idx);
+    io.m = I.token_count(a.num_tokens, a.num_tokens_device, rows, call);
+  }
+  if (recv) {
+    check_tensor(a.expert_x, "expert_x", {c.dispatch_dtype}, {L, cap, H});
+    io.expert_x = static_cast<uint8_t*>(a.expert_x.data);
+    if (has_scales(c)) {
+      check_tensor(a.expert_x_scale, "expert_x_scale", {DType::kFP32}, {L, cap, ns});
+      io.expert_x_scale = static_cast<float*>(a.expert_x_scale.data);
+    }
+    check_tensor(a.expert_num_tokens, "expert_num_tokens", {DType::kInt32}, {L});
+    io.expert_num_tokens = static_cast<int32_t*>(a.expert_num_tokens.data);
+  }
+  return io;
+}
+
+kernels::CombineIO check_combine(AllToAll::Impl& I, const CombineArgs& a, bool send, bool recv, const char* call) {
+  const AllToAllConfig& c = I.cfg;
+  const int H = c.hidden, K = c.experts_per_token, L = num_local_experts(c), cap = effective_capacity(c);
+  kernels::CombineIO io{};
+  int64_t rows = check_tensor(a.topk_idx, "topk_idx", kIndexTypes, {-1, K});
+  io.topk_idx = a.topk_idx.data;
+  io.idx_type = index_type(a.topk_idx);
+  if (send) {
+    check_tensor(a.expert_y, "expert_y", {c.combine_in_dtype}, {L, cap, H});
+    io.expert_y = a.expert_y.data;
+    const int64_t r = check_tensor(a.topk_weights, "topk_weights", {DType::kFP32}, {-1, K});
+    rows = r < rows ? r : rows;
+    io.topk_weights = static_cast<const float*>(a.topk_weights.data);
+  }
+  if (recv) {
+    const int64_t r = check_tensor(a.out, "out", {c.combine_out_dtype}, {-1, H});
+    rows = r < rows ? r : rows;
+    io.out = a.out.data;
+  }
+  io.m = I.token_count(a.num_tokens, a.num_tokens_device, rows, call);
+  return io;
+}
+
+}  // namespace
+
+}  // namespace epkit

@@ -1,0 +1,337 @@
+// Combine: the expert side reduces a token's local experts with the router weights and sends one
+// partial per (token, destination rank) to every rank of the token's DP group; the token side sums
+// the partials of the ranks it dispatched to. Weights reach the expert side at the start of
+// combine_send (one row per dispatched message), so the API needs them only here.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "kernels/device_common.cuh"
+#include "kernels/launch.hpp"
+
+namespace epkit::kernels {
+
+namespace {
+
+template <typename T>
+struct Vec8;
+template <>
+struct Vec8<__nv_bfloat16> {
+  __device__ static void load(const void* p, float* f) {
+    const int4 v = __ldg(reinterpret_cast<const int4*>(p));
+    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 x = __bfloat1622float2(h[i]);
+      f[2 * i] = x.x, f[2 * i + 1] = x.y;
+    }
+  }
+  __device__ static int4 pack(const float* f) {
+    int4 v;
+    __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&v);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
+    return v;
+  }
+  __device__ static void unpack(int4 v, float* f) {
+    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 x = __bfloat1622float2(h[i]);
+      f[2 * i] = x.x, f[2 * i + 1] = x.y;
+    }
+  }
+};
+template <>
+struct Vec8<__half> {
+  __device__ static void load(const void* p, float* f) {
+    const int4 v = __ldg(reinterpret_cast<const int4*>(p));
+    unpack(v, f);
+  }
+  __device__ static int4 pack(const float* f) {
+    int4 v;
+    __half2* h = reinterpret_cast<__half2*>(&v);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) h[i] = __floats2half2_rn(f[2 * i], f[2 * i + 1]);
+    return v;
+  }
+  __device__ static void unpack(int4 v, float* f) {
+    const __half2* h = reinterpret_cast<const __half2*>(&v);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 x = __half22float2(h[i]);
+      f[2 * i] = x.x, f[2 * i + 1] = x.y;
+    }
+  }
+};
+template <>
+struct Vec8<float> {
+  __device__ static void load(const void* p, float* f) {
+    const float4 a = __ldg(reinterpret_cast<const float4*>(p));
+    const float4 b = __ldg(reinterpret_cast<const float4*>(p) + 1);
+    f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
+  }
+};
+
+struct CombineSmem {
+  int* nmsg;      // [W]
+  int* msg_off;   // [W + 1]
+  int* blk_sent;  // [W]
+};
+
+template <typename Tin, typename Tout>
+__device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t seq, int* smem) {
+  const int W = p.world_size, K = p.topk, D = p.dp_size, S = p.max_msgs_per_src, M = p.max_tokens, H = p.hidden;
+  const int me = p.rank, gi = me % D;
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  const int gw = blockIdx.x * kWarps + warp, nw = gridDim.x * kWarps;
+  CombineSmem sm{smem, smem + W, smem + 2 * W + 1};
+
+  // Entering combine means this rank no longer reads its dispatch buffers: tell every peer. The
+  // token side waits for all of these before returning, so nobody starts the next dispatch early.
+  if (blockIdx.x == 0 && warp == 0) {
+    for (int d = lane; d < W; d += kWarpSize) {
+      if (uint8_t* pb = peer_base(p, d)) {
+        st_release_sys(reinterpret_cast<uint64_t*>(pb + p.off_barrier_flag) + me, seq);
+      } else {
+        nvshmemx_signal_op(sym_at<uint64_t>(p, p.off_barrier_flag) + me, seq, NVSHMEM_SIGNAL_SET, d);
+      }
+    }
+  }
+  for (int x = threadIdx.x; x < W; x += blockDim.x) sm.blk_sent[x] = 0;
+  __syncthreads();
+
+  // Router weights of our own tokens to every rank we dispatched them to, into the same slot.
+  const int m = resolve_num_tokens(p, io.m, kPhaseCombineSend, seq, blockIdx.x == 0);
+  const int n_own = num_own_tokens(p, m);
+  for (int u = gw; u < n_own; u += nw) {
+    const int t = u * D + gi;
+    const float w = lane < K ? io.topk_weights[static_cast<size_t>(t) * K + lane] : 0.f;
+    float* stage = sym_at<float>(p, p.off_weights_stage) + static_cast<size_t>(u) * K;
+    bool staged = false;
+    for (int base = 0; base < W; base += kWarpSize) {
+      const int x = base + lane;
+      const int j = x < W ? p.send_slot[static_cast<size_t>(u) * W + x] : -1;
+      for (unsigned mask = __ballot_sync(0xffffffffu, j >= 0); mask; mask &= mask - 1) {
+        const int src_lane = __ffs(mask) - 1;
+        const int d = base + src_lane;
+        const int jd = __shfl_sync(0xffffffffu, j, src_lane);
+        const size_t off = p.off_weights_recv + ((static_cast<size_t>(me) * S + jd) * K) * sizeof(float);
+        if (uint8_t* pb = peer_base(p, d)) {
+          if (lane < K) reinterpret_cast<float*>(pb + off)[lane] = w;
+          if (lane == 0) atomicAdd(&sm.blk_sent[d], 1);
+        } else {
+          if (!staged) {
+            if (lane < K) stage[lane] = w;
+            __syncwarp();
+            __threadfence();
+            staged = true;
+          }
+          nvshmemx_putmem_signal_nbi_warp(p.sym + off, stage, K * sizeof(float),
+                                          sym_at<uint64_t>(p, p.off_weights_recv_ctr) + me, 1, NVSHMEM_SIGNAL_ADD, d);
+        }
+      }
+    }
+  }
+  __syncthreads();
+  for (int d = threadIdx.x; d < W; d += blockDim.x) {
+    if (sm.blk_sent[d] > 0) {
+      __threadfence_system();
+      red_release_sys_add(reinterpret_cast<uint64_t*>(peer_base(p, d) + p.off_weights_recv_ctr) + me,
+                          static_cast<uint64_t>(sm.blk_sent[d]));
+    }
+  }
+
+  // Wait for the weights of every message we received in the matching dispatch.
+  const uint64_t* wctr = sym_at<uint64_t>(p, p.off_weights_recv_ctr);
+  for (int s = threadIdx.x; s < W; s += blockDim.x) {
+    sm.nmsg[s] = p.num_msgs[s];
+    wait_flag(p, wctr + s, p.recv_base[s] + sm.nmsg[s], Cmp::kGe, kPhaseCombineSend, kWaitWeights, s, -1, seq);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int acc = 0;
+    for (int s = 0; s < W; ++s) sm.msg_off[s] = acc, acc += sm.nmsg[s];
+    sm.msg_off[W] = acc;
+  }
+  __syncthreads();
+  if (is_aborted(p)) return;
+
+  // One partial per received message: sum over its local experts of w * y, in fp32.
+  const int total = sm.msg_off[W];
+  const int chunks = H / 8;
+  const size_t out_row = p.out_row_bytes;
+  const float* wrecv = sym_at<float>(p, p.off_weights_recv);
+  const Tin* y = static_cast<const Tin*>(io.expert_y);
+  for (int q = gw; q < total; q += nw) {
+    int lo = 0, hi = W - 1;
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) / 2;
+      if (sm.msg_off[mid] <= q) lo = mid; else hi = mid - 1;
+    }
+    const int s = lo, j = q - sm.msg_off[s];
+    const size_t msg = static_cast<size_t>(s) * S + j;
+    const int32_t* map = p.recv_map + msg * (K + 1);
+    const int t = map[0];
+    const int slot = lane < K ? map[1 + lane] : -1;
+    const float wk = lane < K ? __ldcg(wrecv + msg * K + lane) : 0.f;
+    int slots[kMaxTopK];
+    float ws[kMaxTopK];
+#pragma unroll
+    for (int k = 0; k < kMaxTopK; ++k) {
+      slots[k] = __shfl_sync(0xffffffffu, slot, k);
+      ws[k] = __shfl_sync(0xffffffffu, wk, k);
+    }
+    const int p0 = (s / D) * D;  // the source's DP group: every member gets the partial
+    bool any_portable = false;
+    for (int dd = 0; dd < D; ++dd) any_portable |= peer_base(p, p0 + dd) == nullptr;
+    uint8_t* stage = sym_at<uint8_t>(p, p.off_combine_stage) + msg * out_row;
+    const size_t dst_off = p.off_combine_recv + (static_cast<size_t>(me) * M + t) * out_row;
+
+    for (int c = lane; c < chunks; c += kWarpSize) {
+      float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+#pragma unroll
+      for (int k = 0; k < kMaxTopK; ++k) {
+        if (k < K && slots[k] >= 0) {
+          float v[8];
+          Vec8<Tin>::load(y + static_cast<size_t>(slots[k]) * H + c * 8, v);
+#pragma unroll
+          for (int i = 0; i < 8; ++i) acc[i] = fmaf(ws[k], v[i], acc[i]);
+        }
+      }
+      const int4 packed = Vec8<Tout>::pack(acc);
+      for (int dd = 0; dd < D; ++dd)
+        if (uint8_t* pb = peer_base(p, p0 + dd)) st16(pb + dst_off + c * 16, packed);
+      if (any_portable) st16(stage + c * 16, packed);
+    }
+    __syncwarp();
+    uint64_t* flag_sym = sym_at<uint64_t>(p, p.off_combine_flag) + static_cast<size_t>(me) * M + t;
+    if (lane < D) {
+      if (uint8_t* pb = peer_base(p, p0 + lane)) {
+        __threadfence_system();
+        st_release_sys(reinterpret_cast<uint64_t*>(pb + p.off_combine_flag) + static_cast<size_t>(me) * M + t, seq);
+      }
+    }
+    if (any_portable) {
+      __threadfence();
+      for (int dd = 0; dd < D; ++dd)
+        if (peer_base(p, p0 + dd) == nullptr)
+          nvshmemx_putmem_signal_nbi_warp(p.sym + dst_off, stage, out_row, flag_sym, seq, NVSHMEM_SIGNAL_SET, p0 + dd);
+    }
+  }
+}
+
+template <typename Tout>
+__device__ void combine_recv(const CommParams& p, const CombineIO& io, uint64_t seq) {
+  const int W = p.world_size, L = p.num_local_experts, K = p.topk, M = p.max_tokens, H = p.hidden;
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  const int gw = blockIdx.x * kWarps + warp, nw = gridDim.x * kWarps;
+  const int m = resolve_num_tokens(p, io.m, kPhaseCombineRecv, seq, false);
+  const uint64_t* flags = sym_at<uint64_t>(p, p.off_combine_flag);
+  const uint8_t* partials = sym_at<uint8_t>(p, p.off_combine_recv);
+  const size_t out_row = p.out_row_bytes;
+  const int chunks = H / 8;
+  Tout* out = static_cast<Tout*>(io.out);
+
+  for (int t = gw; t < m; t += nw) {
+    const int e = lane < K ? read_expert(p, io.topk_idx, io.idx_type, static_cast<int64_t>(t) * K + lane,
+                                         kPhaseCombineRecv, t, seq, false)
+                           : -1;
+    const int r = e >= 0 ? e / L : -1;
+    const unsigned same = __match_any_sync(0xffffffffu, r);
+    const bool first = e >= 0 && (same & ((1u << lane) - 1)) == 0;
+    bool ok = true;
+    if (first)
+      ok = wait_flag(p, flags + static_cast<size_t>(r) * M + t, seq, Cmp::kEq, kPhaseCombineRecv, kWaitPartial, r, t,
+                     seq);
+    if (!__all_sync(0xffffffffu, ok)) break;
+    const unsigned dmask = __ballot_sync(0xffffffffu, first);
+    int ranks[kMaxTopK];
+#pragma unroll
+    for (int k = 0; k < kMaxTopK; ++k) ranks[k] = __shfl_sync(0xffffffffu, r, k);
+    for (int c = lane; c < chunks; c += kWarpSize) {
+      float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+#pragma unroll
+      for (int k = 0; k < kMaxTopK; ++k) {
+        if ((dmask >> k) & 1u) {
+          float v[8];
+          Vec8<Tout>::unpack(ld_cg16(partials + (static_cast<size_t>(ranks[k]) * M + t) * out_row + c * 16), v);
+#pragma unroll
+          for (int i = 0; i < 8; ++i) acc[i] += v[i];
+        }
+      }
+      st16(out + static_cast<size_t>(t) * H + c * 8, Vec8<Tout>::pack(acc));
+    }
+  }
+
+  // The only global barrier: every peer has entered combine (so is done with its dispatch buffers).
+  if (blockIdx.x == 0) {
+    const uint64_t* bar = sym_at<uint64_t>(p, p.off_barrier_flag);
+    for (int s = threadIdx.x; s < W; s += blockDim.x)
+      wait_flag(p, bar + s, seq, Cmp::kEq, kPhaseCombineRecv, kWaitBarrier, s, -1, seq);
+  }
+}
+
+// The last block to finish the layer advances the sequence number and the per-source bases.
+__device__ void finish_layer(const CommParams& p, uint64_t seq) {
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  __threadfence();
+  const unsigned prev = atomicAdd(&p.state->done_blocks, 1u);
+  if (prev != gridDim.x - 1) return;
+  __threadfence();
+  for (int s = 0; s < p.world_size; ++s) p.recv_base[s] += static_cast<uint64_t>(p.num_msgs[s]);
+  p.state->done_blocks = 0;
+  __threadfence();
+  *reinterpret_cast<volatile uint64_t*>(&p.state->seq) = seq;
+}
+
+template <typename Tin, typename Tout>
+__global__ void __launch_bounds__(kThreads, 1)
+    combine_kernel(const CommParams p, const CombineIO io, bool do_send, bool do_recv) {
+  extern __shared__ int smem[];
+  const uint64_t seq = *reinterpret_cast<volatile uint64_t*>(&p.state->seq) + 1;
+  if (do_send) combine_send<Tin, Tout>(p, io, seq, smem);
+  if (do_recv) {
+    combine_recv<Tout>(p, io, seq);
+    finish_layer(p, seq);
+  }
+}
+
+template <typename Tin, typename Tout>
+cudaError_t launch_typed(const CommParams& p, const CombineIO& io, bool s, bool r, const LaunchShape& sh,
+                         cudaStream_t st) {
+  if (sh.smem_bytes > 48 * 1024) {
+    cudaError_t e = cudaFuncSetAttribute(combine_kernel<Tin, Tout>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(sh.smem_bytes));
+    if (e != cudaSuccess) return e;
+  }
+  combine_kernel<Tin, Tout><<<sh.blocks, kThreads, sh.smem_bytes, st>>>(p, io, s, r);
+  return cudaGetLastError();
+}
+
+template <typename Tout>
+cudaError_t launch_out(const CommParams& p, const CombineIO& io, DType in, bool s, bool r, const LaunchShape& sh,
+                       cudaStream_t st) {
+  switch (in) {
+    case DType::kBF16: return launch_typed<__nv_bfloat16, Tout>(p, io, s, r, sh, st);
+    case DType::kFP16: return launch_typed<__half, Tout>(p, io, s, r, sh, st);
+    case DType::kFP32: return launch_typed<float, Tout>(p, io, s, r, sh, st);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace
+
+size_t combine_smem_bytes(int world_size) { return (3 * static_cast<size_t>(world_size) + 1) * sizeof(int); }
+
+cudaError_t launch_combine(const CommParams& p, const CombineIO& io, DType in, DType out, bool do_send, bool do_recv,
+                           const LaunchShape& shape, cudaStream_t stream) {
+  switch (out) {
+    case DType::kBF16: return launch_out<__nv_bfloat16>(p, io, in, do_send, do_recv, shape, stream);
+    case DType::kFP16: return launch_out<__half>(p, io, in, do_send, do_recv, shape, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace epkit::kernels

@@ -1,0 +1,135 @@
+// Device-side building blocks shared by the dispatch and combine kernels: system-scope flag
+// accesses, bounded waits that record an error instead of hanging, and input decoding.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <nvshmem.h>
+#include <nvshmemx.h>
+
+#include <cstdint>
+
+#include "kernels/kernel_params.hpp"
+
+namespace epkit::kernels {
+
+constexpr int kWarpSize = 32;
+constexpr int kThreads = 512;
+constexpr int kWarps = kThreads / kWarpSize;
+
+__device__ __forceinline__ uint64_t ld_acquire_sys(const uint64_t* p) {
+  uint64_t v;
+  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void st_release_sys(uint64_t* p, uint64_t v) {
+  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+__device__ __forceinline__ void red_release_sys_add(uint64_t* p, uint64_t v) {
+  asm volatile("red.release.sys.global.add.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+__device__ __forceinline__ uint64_t global_timer_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+// 16-byte load that bypasses L1: the data may have been written by a peer during this kernel.
+__device__ __forceinline__ int4 ld_cg16(const void* p) { return __ldcg(reinterpret_cast<const int4*>(p)); }
+__device__ __forceinline__ void st16(void* p, int4 v) { *reinterpret_cast<int4*>(p) = v; }
+
+__device__ __forceinline__ bool is_aborted(const CommParams& p) {
+  return *reinterpret_cast<volatile int32_t*>(&p.state->aborted) != 0;
+}
+
+// Records the first error of this object (later ones are dropped: the first is the cause).
+__device__ inline void record_error(const CommParams& p, int32_t code, int32_t phase, int32_t what, int32_t peer,
+                                    int32_t expert, int32_t token, int64_t value, int64_t limit, uint64_t seq) {
+  if (atomicCAS(&p.state->error_lock, 0, 1) != 0) return;
+  ErrorRecord* e = p.err;
+  e->phase = phase;
+  e->what = what;
+  e->rank = p.rank;
+  e->peer = peer;
+  e->expert = expert;
+  e->token = token;
+  e->value = value;
+  e->limit = limit;
+  e->seq = seq;
+  __threadfence_system();
+  e->code = code;
+  __threadfence_system();
+}
+
+enum class Cmp { kEq, kGe };
+
+// Spins until *flag == target (kEq) or *flag >= target (kGe). On timeout records which peer never
+// signalled, marks the object aborted and returns false; returns false at once once aborted.
+__device__ inline bool wait_flag(const CommParams& p, const uint64_t* flag, uint64_t target, Cmp cmp, int32_t phase,
+                                 int32_t what, int32_t peer, int32_t token, uint64_t seq) {
+  uint64_t v = ld_acquire_sys(flag);
+  if (cmp == Cmp::kEq ? v == target : v >= target) return true;
+  const uint64_t start = global_timer_ns();
+  uint32_t spins = 0;
+  while (true) {
+    v = ld_acquire_sys(flag);
+    if (cmp == Cmp::kEq ? v == target : v >= target) return true;
+    if ((++spins & 63) == 0) {
+      if (is_aborted(p)) return false;
+      if (global_timer_ns() - start > p.timeout_ns) {
+        record_error(p, kErrTimeout, phase, what, peer, -1, token, static_cast<int64_t>(v),
+                     static_cast<int64_t>(target), seq);
+        atomicExch(&p.state->aborted, 1);
+        __threadfence_system();
+        return false;
+      }
+    }
+  }
+}
+
+// m for this call: the host value, or the device value clamped to [0, min(M, rows)] (reported).
+__device__ inline int resolve_num_tokens(const CommParams& p, const TokenCount& tc, int32_t phase, uint64_t seq,
+                                         bool report) {
+  if (tc.dev_m == nullptr) return tc.host_m;
+  int m = *reinterpret_cast<const volatile int32_t*>(tc.dev_m);
+  const int limit = min(p.max_tokens, tc.rows);
+  if (m < 0 || m > limit) {
+    if (report) record_error(p, kErrNumTokens, phase, kWaitNone, -1, -1, -1, m, limit, seq);
+    m = m < 0 ? 0 : limit;
+  }
+  return m;
+}
+
+// The expert of entry i of topk_idx, or -1 when masked. Indices >= E are reported and masked.
+__device__ __forceinline__ int read_expert(const CommParams& p, const void* idx, int32_t type, int64_t i,
+                                           int32_t phase, int32_t token, uint64_t seq, bool report) {
+  int64_t v;
+  if (type == kIdxInt32) {
+    v = static_cast<const int32_t*>(idx)[i];
+  } else if (type == kIdxInt64) {
+    v = static_cast<const int64_t*>(idx)[i];
+  } else {
+    const uint32_t u = static_cast<const uint32_t*>(idx)[i];
+    v = u == 0xffffffffu ? -1 : static_cast<int64_t>(u);
+  }
+  if (v < 0) return -1;
+  if (v >= p.num_experts) {
+    if (report) record_error(p, kErrExpertIndex, phase, kWaitNone, -1, static_cast<int32_t>(v > INT32_MAX ? INT32_MAX : v),
+                             token, v, p.num_experts, seq);
+    return -1;
+  }
+  return static_cast<int>(v);
+}
+
+// Tokens this rank sends from its DP group: t = u * D + i for i = rank % D.
+__device__ __forceinline__ int num_own_tokens(const CommParams& p, int m) {
+  const int i = p.rank % p.dp_size;
+  return m > i ? (m - i + p.dp_size - 1) / p.dp_size : 0;
+}
+
+__device__ __forceinline__ uint8_t* peer_base(const CommParams& p, int r) { return p.peer_bases[r]; }
+
+template <typename T>
+__device__ __forceinline__ T* sym_at(const CommParams& p, size_t off) {
+  return reinterpret_cast<T*>(p.sym + off);
+}
+
+}  // namespace epkit::kernels

@@ -1,0 +1,291 @@
+// Dispatch: each token travels once per destination *rank* (not per expert) as one message holding
+// its header (token index, top-k experts and each entry's rank within (sender, expert)), payload and
+// scales. The receiver computes every slot of the expert-major output from the per-(source, expert)
+// counts alone, so no atomics are needed to place tokens and the order is (source rank, token).
+#include <cuda_runtime.h>
+
+#include "kernels/device_common.cuh"
+#include "kernels/launch.hpp"
+
+namespace epkit::kernels {
+
+namespace {
+
+// Shared memory, send half: per-expert totals and running ranks, per-destination totals and running
+// slots, and messages this block sent to each destination through direct stores.
+struct SendSmem {
+  int* cnt_total;  // [E]
+  int* run_e;      // [E]
+  int* dst_total;  // [W]
+  int* run_d;      // [W]
+  int* blk_sent;   // [W]
+};
+// Shared memory, receive half.
+struct RecvSmem {
+  int* cnt;      // [W][L] tokens per (source, local expert)
+  int* off;      // [W][L] first slot of each (source, local expert) run
+  int* nmsg;     // [W] messages from each source
+  int* msg_off;  // [W + 1] prefix of nmsg
+};
+
+__device__ void dispatch_send(const CommParams& p, const DispatchIO& io, uint64_t seq, int* smem) {
+  const int E = p.num_experts, W = p.world_size, L = p.num_local_experts, K = p.topk, D = p.dp_size;
+  const int me = p.rank, gi = me % D, S = p.max_msgs_per_src;
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  SendSmem sm{smem, smem + E, smem + 2 * E, smem + 2 * E + W, smem + 2 * E + 2 * W};
+
+  const int m = resolve_num_tokens(p, io.m, kPhaseDispatchSend, seq, blockIdx.x == 0);
+  const int n_own = num_own_tokens(p, m);
+  const int u0 = static_cast<int>(static_cast<int64_t>(n_own) * blockIdx.x / gridDim.x);
+  const int u1 = static_cast<int>(static_cast<int64_t>(n_own) * (blockIdx.x + 1) / gridDim.x);
+
+  for (int x = threadIdx.x; x < E; x += blockDim.x) sm.cnt_total[x] = 0, sm.run_e[x] = 0;
+  for (int x = threadIdx.x; x < W; x += blockDim.x) sm.dst_total[x] = 0, sm.run_d[x] = 0, sm.blk_sent[x] = 0;
+  __syncthreads();
+
+  // Histogram over all own tokens; entries of tokens before this block's chunk seed the running
+  // counters, which makes every (sender, expert) rank and every destination slot unique.
+  for (int u = threadIdx.x; u < n_own; u += blockDim.x) {
+    const int t = u * D + gi;
+    const bool before = u < u0;
+    int ranks_seen[kMaxTopK];
+#pragma unroll
+    for (int k = 0; k < kMaxTopK; ++k) {
+      ranks_seen[k] = -1;
+      if (k >= K) continue;
+      const int e = read_expert(p, io.topk_idx, io.idx_type, static_cast<int64_t>(t) * K + k, kPhaseDispatchSend, t,
+                                seq, blockIdx.x == 0);
+      if (e < 0) continue;
+      atomicAdd(&sm.cnt_total[e], 1);
+      if (before) atomicAdd(&sm.run_e[e], 1);
+      const int r = e / L;
+      bool first = true;
+#pragma unroll
+      for (int k2 = 0; k2 < kMaxTopK; ++k2)
+        if (k2 < k && ranks_seen[k2] == r) first = false;
+      ranks_seen[k] = r;
+      if (first) {
+        atomicAdd(&sm.dst_total[r], 1);
+        if (before) atomicAdd(&sm.run_d[r], 1);
+      }
+    }
+  }
+  __syncthreads();
+
+  // Counts: per (this rank, local expert of d) and the number of messages d will get from us.
+  const int gw = blockIdx.x * kWarps + warp, nw = gridDim.x * kWarps;
+  for (int d = gw; d < W; d += nw) {
+    uint8_t* pb = peer_base(p, d);
+    int32_t* dst = pb ? reinterpret_cast<int32_t*>(pb + p.off_dispatch_counts) + static_cast<size_t>(me) * (L + 1)
+                      : sym_at<int32_t>(p, p.off_dispatch_count_stage) + static_cast<size_t>(d) * (L + 1);
+    for (int el = lane; el < L; el += kWarpSize) dst[el] = sm.cnt_total[d * L + el];
+    if (lane == 0) dst[L] = sm.dst_total[d];
+    __syncwarp();
+    if (pb) {
+      if (lane == 0) {
+        __threadfence_system();
+        st_release_sys(reinterpret_cast<uint64_t*>(pb + p.off_dispatch_count_flag) + me, seq);
+      }
+    } else {
+      __threadfence();
+      nvshmemx_putmem_signal_nbi_warp(sym_at<int32_t>(p, p.off_dispatch_counts) + static_cast<size_t>(me) * (L + 1),
+                                      dst, (L + 1) * sizeof(int32_t),
+                                      sym_at<uint64_t>(p, p.off_dispatch_count_flag) + me, seq, NVSHMEM_SIGNAL_SET, d);
+    }
+  }
+
+  // Messages: one warp per own token of this block's chunk.
+  const int hdr_words = p.header_bytes / 4;
+  const int payload_chunks = p.payload_bytes / 16;
+  for (int u = u0 + warp; u < u1; u += kWarps) {
+    const int t = u * D + gi;
+    const int e = lane < K ? read_expert(p, io.topk_idx, io.idx_type, static_cast<int64_t>(t) * K + lane,
+                                         kPhaseDispatchSend, t, seq, false)
+                           : -1;
+    const int rk = e >= 0 ? atomicAdd(&sm.run_e[e], 1) : 0;
+    const int r = e >= 0 ? e / L : -1;
+    const unsigned same = __match_any_sync(0xffffffffu, r);
+    const bool first = e >= 0 && (same & ((1u << lane) - 1)) == 0;
+    const int j = first ? atomicAdd(&sm.run_d[r], 1) : -1;
+    int32_t* slot_row = p.send_slot + static_cast<size_t>(u) * W;
+    for (int x = lane; x < W; x += kWarpSize) slot_row[x] = -1;
+    __syncwarp();
+    if (first) slot_row[r] = j;
+    const unsigned dmask = __ballot_sync(0xffffffffu, first);
+
+    // Header word of this lane (and of lane + 32 when K > 14).
+    auto header_word = [&](int w) -> int32_t {
+      const int ke = (w - 4) / 2;
+      const int ve = __shfl_sync(0xffffffffu, e, ke & 31);
+      const int vr = __shfl_sync(0xffffffffu, rk, ke & 31);
+      if (w == 0) return t;
+      if (w < 4) return 0;
+      return ((w - 4) & 1) ? vr : ve;
+    };
+    const int32_t hw0 = header_word(lane < hdr_words ? lane : 1);
+    const int32_t hw1 = header_word(lane + 32 < hdr_words ? lane + 32 : 1);
+
+    const uint8_t* src_payload = io.x + static_cast<size_t>(t) * p.payload_bytes;
+    const float* src_scale = io.x_scale ? io.x_scale + static_cast<size_t>(t) * p.num_scales : nullptr;
+    auto write_message = [&](uint8_t* dst) {
+      int32_t* h = reinterpret_cast<int32_t*>(dst);
+      if (lane < hdr_words) h[lane] = hw0;
+      if (lane + 32 < hdr_words) h[lane + 32] = hw1;
+      uint8_t* pl = dst + p.header_bytes;
+      for (int c = lane; c < payload_chunks; c += kWarpSize)
+        st16(pl + c * 16, __ldg(reinterpret_cast<const int4*>(src_payload) + c));
+      float* sc = reinterpret_cast<float*>(pl + p.payload_bytes);
+      for (int s = lane; s < p.num_scales; s += kWarpSize) sc[s] = __ldg(src_scale + s);
+    };
+
+    bool staged = false;
+    uint8_t* stage = sym_at<uint8_t>(p, p.off_dispatch_stage) + static_cast<size_t>(u) * p.msg_bytes;
+    for (unsigned mask = dmask; mask; mask &= mask - 1) {
+      const int src_lane = __ffs(mask) - 1;
+      const int rd = __shfl_sync(0xffffffffu, r, src_lane);
+      const int jd = __shfl_sync(0xffffffffu, j, src_lane);
+      const size_t slot_off = p.off_dispatch_recv + (static_cast<size_t>(me) * S + jd) * p.msg_bytes;
+      if (uint8_t* pb = peer_base(p, rd)) {
+        write_message(pb + slot_off);
+        if (lane == 0) atomicAdd(&sm.blk_sent[rd], 1);
+      } else {
+        if (!staged) {
+          write_message(stage);
+          __syncwarp();
+          __threadfence();
+          staged = true;
+        }
+        nvshmemx_putmem_signal_nbi_warp(p.sym + slot_off, stage, p.msg_bytes,
+                                        sym_at<uint64_t>(p, p.off_dispatch_recv_ctr) + me, 1, NVSHMEM_SIGNAL_ADD, rd);
+      }
+    }
+  }
+  __syncthreads();
+  // Direct stores land before the counter moves: fence, then one release-add per destination.
+  for (int d = threadIdx.x; d < W; d += blockDim.x) {
+    if (sm.blk_sent[d] > 0) {
+      __threadfence_system();
+      red_release_sys_add(reinterpret_cast<uint64_t*>(peer_base(p, d) + p.off_dispatch_recv_ctr) + me,
+                          static_cast<uint64_t>(sm.blk_sent[d]));
+    }
+  }
+}
+
+__device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_t seq, int* smem) {
+  const int W = p.world_size, L = p.num_local_experts, K = p.topk, S = p.max_msgs_per_src, me = p.rank;
+  const int cap = p.capacity;
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  RecvSmem sm{smem, smem + W * L, smem + 2 * W * L, smem + 2 * W * L + W};
+
+  const uint64_t* count_flag = sym_at<uint64_t>(p, p.off_dispatch_count_flag);
+  const int32_t* counts = sym_at<int32_t>(p, p.off_dispatch_counts);
+  for (int s = threadIdx.x; s < W; s += blockDim.x) {
+    const bool ok = wait_flag(p, count_flag + s, seq, Cmp::kEq, kPhaseDispatchRecv, kWaitDispatchCounts, s, -1, seq);
+    const int32_t* c = counts + static_cast<size_t>(s) * (L + 1);
+    for (int el = 0; el < L; ++el) sm.cnt[s * L + el] = ok ? __ldcg(c + el) : 0;
+    sm.nmsg[s] = ok ? __ldcg(c + L) : 0;
+  }
+  __syncthreads();
+  for (int el = threadIdx.x; el < L; el += blockDim.x) {
+    int acc = 0;
+    for (int s = 0; s < W; ++s) {
+      sm.off[s * L + el] = acc;
+      acc += sm.cnt[s * L + el];
+    }
+    if (blockIdx.x == 0) {
+      io.expert_num_tokens[el] = min(acc, cap);
+      if (acc > cap) record_error(p, kErrCapacity, kPhaseDispatchRecv, kWaitNone, -1, me * L + el, -1, acc, cap, seq);
+    }
+  }
+  if (threadIdx.x == 0) {
+    int acc = 0;
+    for (int s = 0; s < W; ++s) sm.msg_off[s] = acc, acc += sm.nmsg[s];
+    sm.msg_off[W] = acc;
+  }
+  if (blockIdx.x == 0)
+    for (int s = threadIdx.x; s < W; s += blockDim.x) p.num_msgs[s] = sm.nmsg[s];
+  const uint64_t* recv_ctr = sym_at<uint64_t>(p, p.off_dispatch_recv_ctr);
+  for (int s = threadIdx.x; s < W; s += blockDim.x)
+    wait_flag(p, recv_ctr + s, p.recv_base[s] + sm.nmsg[s], Cmp::kGe, kPhaseDispatchRecv, kWaitDispatchData, s, -1,
+              seq);
+  __syncthreads();
+  if (is_aborted(p)) return;
+
+  const int total = sm.msg_off[W];
+  const int payload_chunks = p.payload_bytes / 16;
+  const uint8_t* recv = sym_at<uint8_t>(p, p.off_dispatch_recv);
+  for (int q = blockIdx.x * kWarps + warp; q < total; q += gridDim.x * kWarps) {
+    int lo = 0, hi = W - 1;  // last s with msg_off[s] <= q
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) / 2;
+      if (sm.msg_off[mid] <= q) lo = mid; else hi = mid - 1;
+    }
+    const int s = lo, j = q - sm.msg_off[s];
+    const uint8_t* msg = recv + (static_cast<size_t>(s) * S + j) * p.msg_bytes;
+    const int32_t* hdr = reinterpret_cast<const int32_t*>(msg);
+    const int t = __ldcg(hdr);
+    int slot = -1;
+    if (lane < K) {
+      const int e = __ldcg(hdr + 4 + 2 * lane);
+      const int rk = __ldcg(hdr + 5 + 2 * lane);
+      if (e >= 0 && e / L == me) {
+        const int el = e - me * L;
+        const int pos = sm.off[s * L + el] + rk;
+        slot = pos < cap ? el * cap + pos : -1;
+      }
+    }
+    int32_t* map = p.recv_map + (static_cast<size_t>(s) * S + j) * (K + 1);
+    if (lane == 0) map[0] = t;
+    if (lane < K) map[1 + lane] = slot;
+    int slots[kMaxTopK];
+#pragma unroll
+    for (int k = 0; k < kMaxTopK; ++k) slots[k] = __shfl_sync(0xffffffffu, slot, k);
+
+    const uint8_t* pl = msg + p.header_bytes;
+    for (int c = lane; c < payload_chunks; c += kWarpSize) {
+      const int4 v = ld_cg16(pl + c * 16);
+#pragma unroll
+      for (int k = 0; k < kMaxTopK; ++k)
+        if (k < K && slots[k] >= 0) st16(io.expert_x + static_cast<size_t>(slots[k]) * p.payload_bytes + c * 16, v);
+    }
+    if (p.num_scales > 0) {
+      const float* sc = reinterpret_cast<const float*>(pl + p.payload_bytes);
+      for (int x = lane; x < p.num_scales; x += kWarpSize) {
+        const float v = __ldcg(sc + x);
+#pragma unroll
+        for (int k = 0; k < kMaxTopK; ++k)
+          if (k < K && slots[k] >= 0) io.expert_x_scale[static_cast<size_t>(slots[k]) * p.num_scales + x] = v;
+      }
+    }
+  }
+}
+
+__global__ void __launch_bounds__(kThreads, 1)
+    dispatch_kernel(const CommParams p, const DispatchIO io, bool do_send, bool do_recv) {
+  extern __shared__ int smem[];
+  const uint64_t seq = *reinterpret_cast<volatile uint64_t*>(&p.state->seq) + 1;
+  if (do_send) dispatch_send(p, io, seq, smem);
+  if (do_send && do_recv) __syncthreads();
+  if (do_recv) dispatch_recv(p, io, seq, smem);
+}
+
+}  // namespace
+
+size_t dispatch_smem_bytes(int world_size, int num_experts) {
+  const size_t send = 2 * static_cast<size_t>(num_experts) + 3 * static_cast<size_t>(world_size);
+  const size_t recv = 2 * static_cast<size_t>(num_experts) + 2 * static_cast<size_t>(world_size) + 1;
+  return (send > recv ? send : recv) * sizeof(int);
+}
+
+cudaError_t launch_dispatch(const CommParams& p, const DispatchIO& io, bool do_send, bool do_recv,
+                            const LaunchShape& shape, cudaStream_t stream) {
+  if (shape.smem_bytes > 48 * 1024) {
+    cudaError_t e = cudaFuncSetAttribute(dispatch_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(shape.smem_bytes));
+    if (e != cudaSuccess) return e;
+  }
+  dispatch_kernel<<<shape.blocks, kThreads, shape.smem_bytes, stream>>>(p, io, do_send, do_recv);
+  return cudaGetLastError();
+}
+
+}  // namespace epkit::kernels

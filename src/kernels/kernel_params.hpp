@@ -1,0 +1,108 @@
+// Named-field kernel arguments. Host code fills them after validation; kernels take nothing else.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace epkit::kernels {
+
+// Error codes a kernel can record (ErrorRecord::code).
+enum ErrorCode : int32_t {
+  kErrNone = 0,
+  kErrTimeout = 1,          // a wait ran past timeout_ns; peer says whose signal never came
+  kErrCapacity = 2,         // more tokens for a local expert than capacity (excess dropped)
+  kErrExpertIndex = 3,      // topk index >= num_experts (entry skipped)
+  kErrNumTokens = 4,        // device-side m > max_tokens_per_rank or > rows (clamped)
+};
+
+// What a wait was for (ErrorRecord::what) and which call (ErrorRecord::phase).
+enum Phase : int32_t { kPhaseDispatchSend = 0, kPhaseDispatchRecv = 1, kPhaseCombineSend = 2, kPhaseCombineRecv = 3 };
+enum WaitWhat : int32_t {
+  kWaitNone = 0, kWaitDispatchCounts = 1, kWaitDispatchData = 2, kWaitWeights = 3, kWaitPartial = 4, kWaitBarrier = 5
+};
+
+// First error a kernel records; lives in host-mapped pinned memory so the host reads it without a sync.
+struct ErrorRecord {
+  volatile int32_t code;
+  int32_t phase;
+  int32_t what;
+  int32_t rank;
+  int32_t peer;
+  int32_t expert;
+  int32_t token;
+  int32_t pad;
+  int64_t value;
+  int64_t limit;
+  uint64_t seq;
+};
+
+// Per-object device state in the local workspace.
+struct DeviceState {
+  uint64_t seq;            // calls completed; the call in flight uses seq + 1
+  int32_t aborted;         // set after a timeout so every other wait returns at once
+  int32_t error_lock;      // first-writer-wins lock for the ErrorRecord
+  uint32_t done_blocks;    // finishing blocks of combine_recv (last one advances seq)
+  uint32_t pad;
+};
+
+// Offsets into the symmetric heap (copied from SymmetricLayout) and sizes, for every kernel.
+struct CommParams {
+  int rank, world_size, dp_size;
+  int num_experts, num_local_experts, topk, hidden;
+  int max_tokens;        // M
+  int max_msgs_per_src;  // ceil(M / D)
+  int capacity;
+  int num_scales;        // fp32 scales per token (0 without fp8)
+  int msg_bytes, header_bytes, payload_bytes, out_row_bytes;
+  uint64_t timeout_ns;
+
+  uint8_t* sym;                 // this rank's symmetric base (nvshmem addresses)
+  uint8_t* const* peer_bases;   // [W] peer address of the symmetric base; null: use put-with-signal
+  size_t off_dispatch_recv, off_dispatch_stage, off_dispatch_counts, off_dispatch_count_stage;
+  size_t off_dispatch_count_flag, off_dispatch_recv_ctr, off_weights_recv, off_weights_stage, off_weights_recv_ctr;
+  size_t off_combine_recv, off_combine_stage, off_combine_flag, off_barrier_flag;
+
+  DeviceState* state;
+  int32_t* send_slot;   // [S][W]
+  int32_t* num_msgs;    // [W]
+  uint64_t* recv_base;  // [W]
+  int32_t* recv_map;    // [W][S][K + 1]
+  ErrorRecord* err;     // host-mapped
+};
+
+// Index dtype codes for topk_idx.
+enum IndexType : int32_t { kIdxInt32 = 0, kIdxInt64 = 1, kIdxUInt32 = 2 };
+
+struct TokenCount {
+  int host_m;             // >= 0: m given on the host
+  const int32_t* dev_m;   // else: one-element device int
+  int rows;               // first dimension of the token-side tensors (device m is clamped to it)
+};
+
+struct DispatchIO {
+  const uint8_t* x;           // [rows, H] payload
+  const float* x_scale;       // [rows, num_scales] or null
+  const void* topk_idx;       // [rows, K]
+  int32_t idx_type;
+  TokenCount m;
+  uint8_t* expert_x;          // [L, capacity, H]
+  float* expert_x_scale;      // [L, capacity, num_scales] or null
+  int32_t* expert_num_tokens; // [L]
+};
+
+struct CombineIO {
+  const void* expert_y;       // [L, capacity, H] in dtype
+  const void* topk_idx;       // [rows, K]
+  int32_t idx_type;
+  const float* topk_weights;  // [rows, K]
+  TokenCount m;
+  void* out;                  // [rows, H] out dtype
+};
+
+struct LaunchShape {
+  int blocks;
+  int threads;
+  size_t smem_bytes;
+};
+
+}  // namespace epkit::kernels

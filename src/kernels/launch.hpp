@@ -1,0 +1,22 @@
+// Kernel launchers: raw pointers and a stream in, cudaError_t out. Validation happened before.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "epkit/types.hpp"
+#include "kernels/kernel_params.hpp"
+
+namespace epkit::kernels {
+
+// Dynamic shared memory the kernels need for this world size and expert count.
+size_t dispatch_smem_bytes(int world_size, int num_experts);
+size_t combine_smem_bytes(int world_size);
+
+cudaError_t launch_dispatch(const CommParams& p, const DispatchIO& io, bool do_send, bool do_recv,
+                            const LaunchShape& shape, cudaStream_t stream);
+
+// Dispatches on (in, out) dtype: in in {bf16, fp16, fp32}, out in {bf16, fp16}.
+cudaError_t launch_combine(const CommParams& p, const CombineIO& io, DType in, DType out, bool do_send,
+                           bool do_recv, const LaunchShape& shape, cudaStream_t stream);
+
+}  // namespace epkit::kernels

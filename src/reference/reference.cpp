@@ -1,0 +1,85 @@
+#include "epkit/reference.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "epkit/error.hpp"
+
+namespace epkit::ref {
+
+namespace {
+bool valid_expert(const AllToAllConfig& cfg, int32_t e) { return e >= 0 && e < cfg.num_experts; }
+}  // namespace
+
+std::vector<std::vector<Slot>> dispatch_slots(const AllToAllConfig& cfg, int rank,
+                                              const std::vector<GroupRouting>& groups) {
+  EPKIT_CHECK(static_cast<int>(groups.size()) == num_dp_groups(cfg), "reference: ", groups.size(),
+              " group routings given, expected W / D = ", num_dp_groups(cfg));
+  const int L = num_local_experts(cfg), K = cfg.experts_per_token;
+  std::vector<std::vector<Slot>> out(L);
+  for (int g = 0; g < static_cast<int>(groups.size()); ++g) {
+    const auto& r = groups[g];
+    EPKIT_CHECK(r.topk_idx.size() >= static_cast<size_t>(r.num_tokens) * K, "reference: group ", g,
+                " has ", r.topk_idx.size(), " indices for ", r.num_tokens, " tokens x K = ", K);
+    for (int t = 0; t < r.num_tokens; ++t)
+      for (int k = 0; k < K; ++k) {
+        const int32_t e = r.topk_idx[static_cast<size_t>(t) * K + k];
+        if (!valid_expert(cfg, e) || e / L != rank) continue;
+        out[e % L].push_back(Slot{g, t, k});
+      }
+  }
+  return out;
+}
+
+std::vector<int> expert_counts(const AllToAllConfig& cfg, int rank, const std::vector<GroupRouting>& groups) {
+  auto slots = dispatch_slots(cfg, rank, groups);
+  std::vector<int> c(slots.size());
+  for (size_t i = 0; i < slots.size(); ++i) c[i] = static_cast<int>(slots[i].size());
+  return c;
+}
+
+std::vector<int> destination_ranks(const AllToAllConfig& cfg, const int32_t* row) {
+  const int L = num_local_experts(cfg);
+  std::vector<int> d;
+  for (int k = 0; k < cfg.experts_per_token; ++k)
+    if (valid_expert(cfg, row[k])) d.push_back(row[k] / L);
+  std::sort(d.begin(), d.end());
+  d.erase(std::unique(d.begin(), d.end()), d.end());
+  return d;
+}
+
+namespace {
+std::vector<float> weighted_sum(const AllToAllConfig& cfg, const GroupRouting& r, const std::vector<float>& w,
+                                const std::function<void(int, int, float*)>& f, bool absolute) {
+  const int K = cfg.experts_per_token, H = cfg.hidden;
+  EPKIT_CHECK(w.size() >= static_cast<size_t>(r.num_tokens) * K, "reference: ", w.size(), " weights for ",
+              r.num_tokens, " tokens x K = ", K);
+  std::vector<float> out(static_cast<size_t>(r.num_tokens) * H, 0.f);
+  std::vector<double> acc(H);
+  std::vector<float> y(H);
+  for (int t = 0; t < r.num_tokens; ++t) {
+    std::fill(acc.begin(), acc.end(), 0.0);
+    for (int k = 0; k < K; ++k) {
+      const int32_t e = r.topk_idx[static_cast<size_t>(t) * K + k];
+      if (!valid_expert(cfg, e)) continue;
+      f(e, t, y.data());
+      const double wk = w[static_cast<size_t>(t) * K + k];
+      for (int h = 0; h < H; ++h) acc[h] += absolute ? std::abs(wk * y[h]) : wk * y[h];
+    }
+    for (int h = 0; h < H; ++h) out[static_cast<size_t>(t) * H + h] = static_cast<float>(acc[h]);
+  }
+  return out;
+}
+}  // namespace
+
+std::vector<float> combine(const AllToAllConfig& cfg, const GroupRouting& r, const std::vector<float>& w,
+                           const std::function<void(int, int, float*)>& f) {
+  return weighted_sum(cfg, r, w, f, false);
+}
+
+std::vector<float> combine_abs(const AllToAllConfig& cfg, const GroupRouting& r, const std::vector<float>& w,
+                               const std::function<void(int, int, float*)>& f) {
+  return weighted_sum(cfg, r, w, f, true);
+}
+
+}  // namespace epkit::ref

@@ -1,0 +1,110 @@
+// Config validation: every bad field gets an epkit::Error naming the field, its value and the limit.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <functional>
+
+#include "epkit/config.hpp"
+#include "epkit/error.hpp"
+
+namespace epkit {
+namespace {
+
+AllToAllConfig good() {
+  AllToAllConfig c;
+  c.world_size = 8;
+  c.rank = 3;
+  c.dp_size = 2;
+  c.num_experts = 256;
+  c.experts_per_token = 8;
+  c.hidden = 7168;
+  c.max_tokens_per_rank = 128;
+  c.dispatch_dtype = DType::kFP8E4M3;
+  return c;
+}
+
+void expect_error(const std::function<void(AllToAllConfig&)>& mutate, const std::string& needle) {
+  AllToAllConfig c = good();
+  mutate(c);
+  try {
+    validate(c);
+    FAIL() << "expected an error containing '" << needle << "'";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
+TEST(Config, GoodConfigValidates) { EXPECT_NO_THROW(validate(good())); }
+
+TEST(Config, RejectsEachBadField) {
+  expect_error([](auto& c) { c.world_size = 0; }, "world_size = 0");
+  expect_error([](auto& c) { c.rank = 8; }, "rank = 8 must be in [0, world_size = 8)");
+  expect_error([](auto& c) { c.rank = -1; }, "rank = -1");
+  expect_error([](auto& c) { c.dp_size = 3; }, "dp_size = 3 must be >= 1 and divide world_size = 8");
+  expect_error([](auto& c) { c.num_experts = 100; }, "num_experts = 100 must be a multiple of world_size = 8");
+  expect_error([](auto& c) { c.experts_per_token = 17; }, "experts_per_token = 17 must be in [1, 16]");
+  expect_error([](auto& c) { c.experts_per_token = 0; }, "experts_per_token = 0");
+  expect_error([](auto& c) { c.hidden = 7170; }, "hidden = 7170 must be a multiple of 16");
+  expect_error([](auto& c) { c.max_tokens_per_rank = 0; }, "max_tokens_per_rank = 0");
+  expect_error([](auto& c) { c.dispatch_dtype = DType::kFP32; }, "dispatch_dtype = fp32");
+  expect_error([](auto& c) { c.combine_in_dtype = DType::kFP8E4M3; }, "combine_in_dtype = fp8_e4m3");
+  expect_error([](auto& c) { c.combine_out_dtype = DType::kFP32; }, "combine_out_dtype = fp32 must be bf16 or fp16");
+  expect_error([](auto& c) { c.capacity = 513; }, "capacity = 513 must be in [0, M * (W / D) = 512]");
+  expect_error([](auto& c) { c.num_sms = -2; }, "num_sms = -2");
+  expect_error([](auto& c) { c.timeout_ms = 0; }, "timeout_ms = 0");
+}
+
+TEST(Config, DerivedQuantities) {
+  const AllToAllConfig c = good();
+  EXPECT_EQ(num_local_experts(c), 32);
+  EXPECT_EQ(num_dp_groups(c), 4);
+  EXPECT_EQ(scales_per_token(c), 56);
+  EXPECT_EQ(effective_capacity(c), 128 * 4);
+  EXPECT_EQ(max_tokens_per_sender(c), 64);
+  AllToAllConfig odd = c;
+  odd.max_tokens_per_rank = 7;
+  odd.hidden = 2064;  // not a multiple of 128: the last scale block is partial
+  EXPECT_EQ(max_tokens_per_sender(odd), 4);
+  EXPECT_EQ(scales_per_token(odd), 17);
+  odd.dispatch_dtype = DType::kBF16;
+  EXPECT_EQ(scales_per_token(odd), 0);
+  odd.capacity = 9;
+  EXPECT_EQ(effective_capacity(odd), 9);
+}
+
+TEST(Config, TimeoutFromEnv) {
+  AllToAllConfig c = good();
+  unsetenv("EPKIT_TIMEOUT_MS");
+  EXPECT_EQ(resolved_timeout_ms(c), 10000);
+  setenv("EPKIT_TIMEOUT_MS", "2500", 1);
+  EXPECT_EQ(resolved_timeout_ms(c), 2500);
+  c.timeout_ms = 70;
+  EXPECT_EQ(resolved_timeout_ms(c), 70);  // the field wins over the env
+  c.timeout_ms = -1;
+  setenv("EPKIT_TIMEOUT_MS", "soon", 1);
+  EXPECT_THROW(resolved_timeout_ms(c), Error);
+  unsetenv("EPKIT_TIMEOUT_MS");
+}
+
+TEST(Config, AgreementFieldsLeaveOutRankLocalChoices) {
+  AllToAllConfig a = good(), b = good();
+  b.rank = 5;
+  b.num_sms = 20;
+  b.timeout_ms = 99;
+  EXPECT_EQ(agreement_fields(a), agreement_fields(b));
+  b.hidden = 2048;
+  EXPECT_NE(agreement_fields(a), agreement_fields(b));
+}
+
+TEST(Types, DtypeNamesRoundTrip) {
+  for (DType t : {DType::kBF16, DType::kFP16, DType::kFP32, DType::kFP8E4M3, DType::kInt32, DType::kInt64,
+                  DType::kUInt32, DType::kUInt8})
+    EXPECT_EQ(parse_dtype(dtype_name(t)), t);
+  EXPECT_EQ(dtype_size(DType::kFP8E4M3), 1u);
+  EXPECT_EQ(dtype_size(DType::kBF16), 2u);
+  EXPECT_EQ(dtype_size(DType::kInt64), 8u);
+  EXPECT_THROW(parse_dtype("fp4"), Error);
+}
+
+}  // namespace
+}  // namespace epkit

@@ -1,0 +1,110 @@
+// The reference oracle's own invariants, on random routings.
+#include <gtest/gtest.h>
+
+#include <random>
+#include <cmath>
+#include <set>
+#include <tuple>
+
+#include "epkit/reference.hpp"
+
+namespace epkit {
+namespace {
+
+AllToAllConfig cfg(int W, int D, int E, int K, int H, int M) {
+  AllToAllConfig c;
+  c.world_size = W, c.rank = 0, c.dp_size = D, c.num_experts = E, c.experts_per_token = K, c.hidden = H;
+  c.max_tokens_per_rank = M;
+  return c;
+}
+
+std::vector<ref::GroupRouting> random_routing(const AllToAllConfig& c, std::mt19937& rng) {
+  std::vector<ref::GroupRouting> g(num_dp_groups(c));
+  for (auto& r : g) {
+    r.num_tokens = rng() % (c.max_tokens_per_rank + 1);
+    r.topk_idx.resize(static_cast<size_t>(c.max_tokens_per_rank) * c.experts_per_token);
+    for (auto& v : r.topk_idx) {
+      const int u = rng() % 20;
+      v = u == 0 ? -1 : (u == 1 ? c.num_experts + 3 : static_cast<int>(rng() % c.num_experts));
+    }
+  }
+  return g;
+}
+
+TEST(Reference, EveryValidEntryLandsExactlyOnceOnItsExpertsRank) {
+  std::mt19937 rng(std::random_device{}());
+  for (int trial = 0; trial < 100; ++trial) {
+    const int W = 1 << (rng() % 4), D = 1 << (rng() % (1 + __builtin_ctz(W)));
+    const AllToAllConfig c = cfg(W, D, W * (1 + rng() % 8), 1 + rng() % 8, 16, 1 + rng() % 40);
+    if (c.experts_per_token > c.num_experts) continue;
+    const auto g = random_routing(c, rng);
+    size_t valid = 0;
+    for (const auto& r : g)
+      for (int t = 0; t < r.num_tokens; ++t)
+        for (int k = 0; k < c.experts_per_token; ++k) {
+          const int e = r.topk_idx[t * c.experts_per_token + k];
+          valid += e >= 0 && e < c.num_experts;
+        }
+    std::set<std::tuple<int, int, int>> seen;
+    size_t total = 0;
+    for (int rank = 0; rank < W; ++rank) {
+      const auto slots = ref::dispatch_slots(c, rank, g);
+      const auto counts = ref::expert_counts(c, rank, g);
+      ASSERT_EQ(static_cast<int>(slots.size()), num_local_experts(c));
+      for (size_t el = 0; el < slots.size(); ++el) {
+        ASSERT_EQ(counts[el], static_cast<int>(slots[el].size()));
+        for (const auto& s : slots[el]) {
+          const int e = g[s.group].topk_idx[s.token * c.experts_per_token + s.k];
+          EXPECT_EQ(e, rank * num_local_experts(c) + static_cast<int>(el));
+          EXPECT_LT(s.token, g[s.group].num_tokens);
+          EXPECT_TRUE(seen.insert({s.group, s.token, s.k}).second);
+          ++total;
+        }
+      }
+    }
+    EXPECT_EQ(total, valid);
+  }
+}
+
+TEST(Reference, DestinationRanksAreDistinctSortedAndSkipInvalid) {
+  const AllToAllConfig c = cfg(4, 1, 16, 6, 16, 4);
+  const int32_t row[6] = {15, -1, 3, 2, 99, 14};
+  EXPECT_EQ(ref::destination_ranks(c, row), (std::vector<int>{0, 3}));
+}
+
+TEST(Reference, CombineIsTheWeightedSumAndLinear) {
+  std::mt19937 rng(std::random_device{}());
+  const AllToAllConfig c = cfg(2, 1, 8, 3, 32, 5);
+  ref::GroupRouting r;
+  r.num_tokens = 5;
+  r.topk_idx = {0, 1, 2, 7, -1, 7, 3, 3, 3, -1, -1, -1, 4, 9, 5};  // duplicates, masks, one index >= E
+  std::vector<float> w(15);
+  for (auto& x : w) x = std::uniform_real_distribution<float>(-1, 1)(rng);
+  auto f = [&](int e, int t, float* y) {
+    for (int h = 0; h < c.hidden; ++h) y[h] = static_cast<float>(e * 100 + t * 10 + h);
+  };
+  const auto out = ref::combine(c, r, w, f);
+  for (int t = 0; t < 5; ++t)
+    for (int h = 0; h < c.hidden; ++h) {
+      double want = 0;
+      for (int k = 0; k < 3; ++k) {
+        const int e = r.topk_idx[t * 3 + k];
+        if (e >= 0 && e < 8) want += w[t * 3 + k] * (e * 100 + t * 10 + h);
+      }
+      EXPECT_NEAR(out[t * c.hidden + h], want, 1e-3 * (1 + std::abs(want)));
+    }
+  // Token 3 has no valid expert: zeros.
+  for (int h = 0; h < c.hidden; ++h) EXPECT_EQ(out[3 * c.hidden + h], 0.f);
+  // Doubling the weights doubles the result; |w*y| bounds |sum|.
+  std::vector<float> w2(w);
+  for (auto& x : w2) x *= 2;
+  const auto out2 = ref::combine(c, r, w2, f);
+  const auto mag = ref::combine_abs(c, r, w, f);
+  for (size_t i = 0; i < out.size(); ++i) {
+    EXPECT_NEAR(out2[i], 2 * out[i], 1e-3 * (1 + std::abs(out[i])));
+    EXPECT_LE(std::abs(out[i]), mag[i] * (1 + 1e-6) + 1e-6);
+  }
+}
+
+}  // namespace
+}  // namespace epkit

@@ -1,0 +1,388 @@
+#include "harness.hpp"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+
+namespace epkit::test {
+
+namespace {
+Communicator* g_comm = nullptr;
+
+void cuda_or_throw(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw Error(std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+float decode(DType t, const uint8_t* p) {
+  switch (t) {
+    case DType::kBF16: { __nv_bfloat16 v; std::memcpy(&v, p, 2); return __bfloat162float(v); }
+    case DType::kFP16: { __half v; std::memcpy(&v, p, 2); return __half2float(v); }
+    case DType::kFP8E4M3: { __nv_fp8_e4m3 v; std::memcpy(&v, p, 1); return static_cast<float>(v); }
+    case DType::kFP32: { float v; std::memcpy(&v, p, 4); return v; }
+    default: throw Error("decode: unsupported dtype");
+  }
+}
+
+float round_to(DType t, float v) {
+  switch (t) {
+    case DType::kBF16: return __bfloat162float(__float2bfloat16_rn(v));
+    case DType::kFP16: return __half2float(__float2half_rn(v));
+    default: return v;
+  }
+}
+
+void encode(DType t, float v, uint8_t* p) {
+  switch (t) {
+    case DType::kBF16: { __nv_bfloat16 h = __float2bfloat16_rn(v); std::memcpy(p, &h, 2); break; }
+    case DType::kFP16: { __half h = __float2half_rn(v); std::memcpy(p, &h, 2); break; }
+    case DType::kFP8E4M3: { __nv_fp8_e4m3 h(v); std::memcpy(p, &h, 1); break; }
+    default: throw Error("encode: unsupported dtype");
+  }
+}
+}  // namespace
+
+void set_comm(Communicator* c) { g_comm = c; }
+Communicator& comm() { return *g_comm; }
+
+uint64_t case_seed(uint64_t case_id) {
+  static const uint64_t base = [] {
+    const char* s = std::getenv("EPKIT_RUN_SEED");
+    if (!s) throw Error("EPKIT_RUN_SEED is not set: run GPU tests through epkit-run");
+    return std::strtoull(s, nullptr, 10);
+  }();
+  uint64_t z = base + 0x9e3779b97f4a7c15ull * (case_id + 1);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+bool all_ranks(bool ok) {
+  std::vector<int32_t> all(comm().world_size());
+  int32_t mine = ok ? 1 : 0;
+  comm().allgather(&mine, sizeof(mine), all.data());
+  return std::all_of(all.begin(), all.end(), [](int32_t v) { return v == 1; });
+}
+
+DeviceBuffer::DeviceBuffer(size_t n) : bytes(n) {
+  if (n) cuda_or_throw(cudaMalloc(&ptr, n), "cudaMalloc");
+}
+DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
+  if (this != &o) {
+    if (ptr) cudaFree(ptr);
+    ptr = o.ptr, bytes = o.bytes;
+    o.ptr = nullptr, o.bytes = 0;
+  }
+  return *this;
+}
+DeviceBuffer::~DeviceBuffer() {
+  if (ptr) cudaFree(ptr);
+}
+
+const char* routing_name(Routing r) {
+  switch (r) {
+    case Routing::kUniform: return "uniform";
+    case Routing::kOneExpert: return "one_expert";
+    case Routing::kOneRank: return "one_rank";
+    case Routing::kMasked: return "masked";
+  }
+  return "?";
+}
+
+std::vector<GroupInputs> make_inputs(const AllToAllConfig& cfg, Routing routing, int m, uint64_t seed) {
+  const int G = num_dp_groups(cfg), M = cfg.max_tokens_per_rank, H = cfg.hidden, K = cfg.experts_per_token;
+  const int E = cfg.num_experts, L = num_local_experts(cfg), ns = scales_per_token(cfg);
+  const size_t es = dtype_size(cfg.dispatch_dtype);
+  std::mt19937_64 shared(seed);
+  const int hot_expert = static_cast<int>(shared() % E);
+  const int hot_rank = static_cast<int>(shared() % cfg.world_size);
+  std::vector<GroupInputs> out(G);
+  for (int g = 0; g < G; ++g) {
+    std::mt19937_64 rng(seed ^ (0x1234567ull * (g + 1)));
+    std::uniform_real_distribution<float> val(-2.f, 2.f), sc(0.5f, 2.f), wt(0.05f, 1.f), unit(0.f, 1.f);
+    GroupInputs& in = out[g];
+    in.m = m;
+    in.x.resize(static_cast<size_t>(M) * H * es);
+    for (size_t i = 0; i < static_cast<size_t>(M) * H; ++i) encode(cfg.dispatch_dtype, val(rng), &in.x[i * es]);
+    in.x_scale.resize(static_cast<size_t>(M) * ns);
+    for (float& s : in.x_scale) s = sc(rng);
+    in.weights.resize(static_cast<size_t>(M) * K);
+    for (float& w : in.weights) w = wt(rng);
+    in.topk_idx.assign(static_cast<size_t>(M) * K, -1);
+    for (int t = 0; t < M; ++t) {
+      int32_t* row = &in.topk_idx[static_cast<size_t>(t) * K];
+      auto distinct = [&](int lo, int n) {  // K distinct experts from [lo, lo + n), repeats once n < K
+        std::vector<int> pool(n);
+        for (int i = 0; i < n; ++i) pool[i] = lo + i;
+        std::shuffle(pool.begin(), pool.end(), rng);
+        for (int k = 0; k < K; ++k) row[k] = pool[k % n];
+      };
+      switch (routing) {
+        case Routing::kUniform: distinct(0, E); break;
+        case Routing::kMasked:
+          distinct(0, E);
+          for (int k = 0; k < K; ++k)
+            if (unit(rng) < 0.3f || t % 5 == 3) row[k] = -1;  // every 5th token fully masked
+          break;
+        case Routing::kOneExpert: {
+          distinct(0, E);
+          bool has = false;
+          for (int k = 0; k < K; ++k) has |= row[k] == hot_expert;
+          if (!has) row[rng() % K] = hot_expert;
+          break;
+        }
+        case Routing::kOneRank: distinct(hot_rank * L, L); break;
+      }
+    }
+  }
+  return out;
+}
+
+float expert_scale(int e) { return 1.0f + 0.125f * static_cast<float>(e % 7); }
+float expert_bias(int e) { return 0.01f * static_cast<float>(e % 5); }
+
+void host_expert_output(const AllToAllConfig& cfg, const GroupInputs& in, int t, int e, float* y) {
+  const size_t es = dtype_size(cfg.dispatch_dtype);
+  const int H = cfg.hidden, ns = scales_per_token(cfg);
+  for (int h = 0; h < H; ++h) {
+    float x = decode(cfg.dispatch_dtype, &in.x[(static_cast<size_t>(t) * H + h) * es]);
+    if (ns) x = x * in.x_scale[static_cast<size_t>(t) * ns + h / kScaleBlock];
+    y[h] = round_to(cfg.combine_in_dtype, x * expert_scale(e) + expert_bias(e));
+  }
+}
+
+void RankBuffers::allocate(const AllToAllConfig& cfg, DType idx) {
+  const size_t M = cfg.max_tokens_per_rank, H = cfg.hidden, K = cfg.experts_per_token;
+  const size_t L = num_local_experts(cfg), cap = effective_capacity(cfg), ns = scales_per_token(cfg);
+  idx_dtype = idx;
+  x = DeviceBuffer(M * H * dtype_size(cfg.dispatch_dtype));
+  x_scale = DeviceBuffer(M * ns * 4);
+  topk_idx = DeviceBuffer(M * K * dtype_size(idx));
+  weights = DeviceBuffer(M * K * 4);
+  expert_x = DeviceBuffer(L * cap * H * dtype_size(cfg.dispatch_dtype));
+  expert_x_scale = DeviceBuffer(L * cap * ns * 4);
+  expert_num_tokens = DeviceBuffer(L * 4);
+  expert_y = DeviceBuffer(L * cap * H * dtype_size(cfg.combine_in_dtype));
+  out = DeviceBuffer(M * H * dtype_size(cfg.combine_out_dtype));
+  m_dev = DeviceBuffer(4);
+}
+
+void RankBuffers::upload(const AllToAllConfig& cfg, const GroupInputs& in, cudaStream_t st) {
+  const size_t M = cfg.max_tokens_per_rank, K = cfg.experts_per_token;
+  cuda_or_throw(cudaMemcpyAsync(x.ptr, in.x.data(), x.bytes, cudaMemcpyHostToDevice, st), "upload x");
+  if (x_scale.bytes)
+    cuda_or_throw(cudaMemcpyAsync(x_scale.ptr, in.x_scale.data(), x_scale.bytes, cudaMemcpyHostToDevice, st), "scale");
+  std::vector<uint8_t> idx(topk_idx.bytes);
+  for (size_t i = 0; i < M * K; ++i) {
+    const int32_t v = in.topk_idx[i];
+    if (idx_dtype == DType::kInt64) {
+      const int64_t w = v;
+      std::memcpy(&idx[i * 8], &w, 8);
+    } else {
+      std::memcpy(&idx[i * 4], &v, 4);  // uint32: -1 becomes 0xffffffff, the pplx "no expert"
+    }
+  }
+  // Host-side staging must outlive the async copy: copy synchronously with respect to the stream.
+  cuda_or_throw(cudaMemcpyAsync(topk_idx.ptr, idx.data(), idx.size(), cudaMemcpyHostToDevice, st), "idx");
+  cuda_or_throw(cudaMemcpyAsync(weights.ptr, in.weights.data(), weights.bytes, cudaMemcpyHostToDevice, st), "w");
+  const int32_t m = in.m;
+  cuda_or_throw(cudaMemcpyAsync(m_dev.ptr, &m, 4, cudaMemcpyHostToDevice, st), "m");
+  cuda_or_throw(cudaMemsetAsync(expert_x.ptr, 0xA5, expert_x.bytes, st), "poison");
+  if (expert_x_scale.bytes) cuda_or_throw(cudaMemsetAsync(expert_x_scale.ptr, 0xFF, expert_x_scale.bytes, st), "p");
+  cuda_or_throw(cudaMemsetAsync(expert_num_tokens.ptr, 0xF9, expert_num_tokens.bytes, st), "poison");
+  cuda_or_throw(cudaMemsetAsync(expert_y.ptr, 0xFF, expert_y.bytes, st), "poison");
+  cuda_or_throw(cudaMemsetAsync(out.ptr, 0xFF, out.bytes, st), "poison");
+  cuda_or_throw(cudaStreamSynchronize(st), "upload sync");
+}
+
+DispatchArgs RankBuffers::dispatch_args(const AllToAllConfig& cfg, int m, bool device_m) const {
+  const int64_t M = cfg.max_tokens_per_rank, H = cfg.hidden, K = cfg.experts_per_token;
+  const int64_t L = num_local_experts(cfg), cap = effective_capacity(cfg), ns = scales_per_token(cfg);
+  DispatchArgs a;
+  a.x = Tensor(x.ptr, cfg.dispatch_dtype, {M, H});
+  if (ns) a.x_scale = Tensor(x_scale.ptr, DType::kFP32, {M, ns});
+  a.topk_idx = Tensor(topk_idx.ptr, idx_dtype, {M, K});
+  if (device_m) a.num_tokens_device = m_dev.as<int32_t>(); else a.num_tokens = m;
+  a.expert_x = Tensor(expert_x.ptr, cfg.dispatch_dtype, {L, cap, H});
+  if (ns) a.expert_x_scale = Tensor(expert_x_scale.ptr, DType::kFP32, {L, cap, ns});
+  a.expert_num_tokens = Tensor(expert_num_tokens.ptr, DType::kInt32, {L});
+  return a;
+}
+
+CombineArgs RankBuffers::combine_args(const AllToAllConfig& cfg, int m, bool device_m) const {
+  const int64_t M = cfg.max_tokens_per_rank, H = cfg.hidden, K = cfg.experts_per_token;
+  const int64_t L = num_local_experts(cfg), cap = effective_capacity(cfg);
+  CombineArgs a;
+  a.expert_y = Tensor(expert_y.ptr, cfg.combine_in_dtype, {L, cap, H});
+  a.topk_idx = Tensor(topk_idx.ptr, idx_dtype, {M, K});
+  a.topk_weights = Tensor(weights.ptr, DType::kFP32, {M, K});
+  if (device_m) a.num_tokens_device = m_dev.as<int32_t>(); else a.num_tokens = m;
+  a.out = Tensor(out.ptr, cfg.combine_out_dtype, {M, H});
+  return a;
+}
+
+namespace {
+template <typename Tx>
+__device__ float dev_decode(const Tx* p) { return static_cast<float>(*p); }
+template <>
+__device__ float dev_decode<__nv_bfloat16>(const __nv_bfloat16* p) { return __bfloat162float(*p); }
+template <>
+__device__ float dev_decode<__half>(const __half* p) { return __half2float(*p); }
+
+template <typename Ty>
+__device__ Ty dev_encode(float v);
+template <>
+__device__ __nv_bfloat16 dev_encode<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+template <>
+__device__ __half dev_encode<__half>(float v) { return __float2half_rn(v); }
+template <>
+__device__ float dev_encode<float>(float v) { return v; }
+
+template <typename Tx, typename Ty>
+__global__ void expert_kernel(const Tx* x, const float* scale, const int32_t* counts, Ty* y, int rank, int L, int cap,
+                              int H, int ns) {
+  const int el = blockIdx.y;
+  const int n = min(counts[el], cap);
+  const int e = rank * L + el;
+  const float c = 1.0f + 0.125f * static_cast<float>(e % 7), d = 0.01f * static_cast<float>(e % 5);
+  for (int pos = blockIdx.x; pos < n; pos += gridDim.x) {
+    const size_t row = static_cast<size_t>(el) * cap + pos;
+    for (int h = threadIdx.x; h < H; h += blockDim.x) {
+      float v = dev_decode(x + row * H + h);
+      if (ns) v = __fmul_rn(v, scale[row * ns + h / 128]);
+      y[row * H + h] = dev_encode<Ty>(__fadd_rn(__fmul_rn(v, c), d));
+    }
+  }
+}
+
+template <typename Tx>
+void launch_expert_in(const AllToAllConfig& cfg, const RankBuffers& b, cudaStream_t st) {
+  const int L = num_local_experts(cfg), cap = effective_capacity(cfg), H = cfg.hidden, ns = scales_per_token(cfg);
+  dim3 grid(64, L);
+  auto* x = b.expert_x.as<Tx>();
+  auto* s = b.expert_x_scale.as<float>();
+  auto* c = b.expert_num_tokens.as<int32_t>();
+  switch (cfg.combine_in_dtype) {
+    case DType::kBF16: expert_kernel<<<grid, 256, 0, st>>>(x, s, c, b.expert_y.as<__nv_bfloat16>(), cfg.rank, L, cap, H, ns); break;
+    case DType::kFP16: expert_kernel<<<grid, 256, 0, st>>>(x, s, c, b.expert_y.as<__half>(), cfg.rank, L, cap, H, ns); break;
+    default: expert_kernel<<<grid, 256, 0, st>>>(x, s, c, b.expert_y.as<float>(), cfg.rank, L, cap, H, ns); break;
+  }
+}
+}  // namespace
+
+void launch_expert(const AllToAllConfig& cfg, const RankBuffers& b, cudaStream_t st) {
+  switch (cfg.dispatch_dtype) {
+    case DType::kBF16: launch_expert_in<__nv_bfloat16>(cfg, b, st); break;
+    case DType::kFP16: launch_expert_in<__half>(cfg, b, st); break;
+    default: launch_expert_in<__nv_fp8_e4m3>(cfg, b, st); break;
+  }
+  cuda_or_throw(cudaGetLastError(), "expert kernel launch");
+}
+
+namespace {
+std::vector<ref::GroupRouting> routings(const AllToAllConfig& cfg, const std::vector<GroupInputs>& groups) {
+  std::vector<ref::GroupRouting> r(groups.size());
+  for (size_t g = 0; g < groups.size(); ++g) {
+    r[g].num_tokens = groups[g].m;
+    r[g].topk_idx = groups[g].topk_idx;
+  }
+  (void)cfg;
+  return r;
+}
+template <typename T>
+std::vector<T> download(const DeviceBuffer& b) {
+  std::vector<T> h(b.bytes / sizeof(T));
+  cuda_or_throw(cudaMemcpy(h.data(), b.ptr, b.bytes, cudaMemcpyDeviceToHost), "download");
+  return h;
+}
+}  // namespace
+
+std::string check_dispatch(const AllToAllConfig& cfg, const std::vector<GroupInputs>& groups, const RankBuffers& b) {
+  const int L = num_local_experts(cfg), cap = effective_capacity(cfg), ns = scales_per_token(cfg);
+  const size_t pb = static_cast<size_t>(cfg.hidden) * dtype_size(cfg.dispatch_dtype);
+  const auto slots = ref::dispatch_slots(cfg, cfg.rank, routings(cfg, groups));
+  const auto counts = download<int32_t>(b.expert_num_tokens);
+  const auto ex = download<uint8_t>(b.expert_x);
+  const auto es = ns ? download<float>(b.expert_x_scale) : std::vector<float>{};
+  std::ostringstream err;
+  for (int el = 0; el < L; ++el) {
+    const int want = static_cast<int>(slots[el].size());
+    if (counts[el] != want) {
+      err << "expert " << cfg.rank * L + el << ": count " << counts[el] << ", reference " << want;
+      return err.str();
+    }
+    std::vector<std::string> got, ref;
+    for (int pos = 0; pos < want; ++pos) {
+      const size_t row = static_cast<size_t>(el) * cap + pos;
+      std::string s(reinterpret_cast<const char*>(&ex[row * pb]), pb);
+      if (ns) s.append(reinterpret_cast<const char*>(&es[row * ns]), ns * 4);
+      got.push_back(std::move(s));
+    }
+    for (const ref::Slot& sl : slots[el]) {
+      const GroupInputs& in = groups[sl.group];
+      std::string s(reinterpret_cast<const char*>(&in.x[static_cast<size_t>(sl.token) * pb]), pb);
+      if (ns) s.append(reinterpret_cast<const char*>(&in.x_scale[static_cast<size_t>(sl.token) * ns]), ns * 4);
+      ref.push_back(std::move(s));
+    }
+    std::sort(got.begin(), got.end());
+    std::sort(ref.begin(), ref.end());
+    if (got != ref) {
+      err << "expert " << cfg.rank * L + el << ": the multiset of " << want
+          << " (payload, scales) rows differs from the reference";
+      return err.str();
+    }
+    for (int pos = want; pos < cap; ++pos) {  // nothing may be written past the count
+      const size_t row = static_cast<size_t>(el) * cap + pos;
+      for (size_t i = 0; i < pb; ++i)
+        if (ex[row * pb + i] != 0xA5) {
+          err << "expert " << cfg.rank * L + el << ": slot " << pos << " >= count " << want << " was written";
+          return err.str();
+        }
+    }
+  }
+  return "";
+}
+
+double combine_rel_tolerance(DType out) {
+  const double half_ulp = out == DType::kBF16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -11);
+  return 1.01 * (2 * half_ulp + half_ulp * half_ulp + 16 * std::ldexp(1.0, -24));
+}
+
+std::string check_combine(const AllToAllConfig& cfg, const std::vector<GroupInputs>& groups, const RankBuffers& b) {
+  const int g = cfg.rank / cfg.dp_size, H = cfg.hidden, M = cfg.max_tokens_per_rank;
+  const GroupInputs& in = groups[g];
+  auto rt = routings(cfg, groups)[g];
+  auto f = [&](int e, int t, float* y) { host_expert_output(cfg, in, t, e, y); };
+  const auto want = ref::combine(cfg, rt, in.weights, f);
+  const auto mag = ref::combine_abs(cfg, rt, in.weights, f);
+  const auto raw = download<uint8_t>(b.out);
+  const size_t os = dtype_size(cfg.combine_out_dtype);
+  const double tol = combine_rel_tolerance(cfg.combine_out_dtype);
+  std::ostringstream err;
+  for (int t = 0; t < M; ++t)
+    for (int h = 0; h < H; ++h) {
+      const uint8_t* p = &raw[(static_cast<size_t>(t) * H + h) * os];
+      if (t >= in.m) {  // rows past m stay poisoned
+        if (p[0] != 0xFF || p[1] != 0xFF) {
+          err << "out row " << t << " >= m = " << in.m << " was written";
+          return err.str();
+        }
+        continue;
+      }
+      const float got = decode(cfg.combine_out_dtype, p);
+      const double w = want[static_cast<size_t>(t) * H + h], a = mag[static_cast<size_t>(t) * H + h];
+      if (!(std::abs(got - w) <= tol * a + 1e-7)) {
+        err << "out[" << t << "][" << h << "] = " << got << ", reference " << w << " (|w*y| sum " << a
+            << ", tolerance " << tol * a + 1e-7 << ")";
+        return err.str();
+      }
+    }
+  return "";
+}
+
+}  // namespace epkit::test

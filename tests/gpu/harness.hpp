@@ -1,0 +1,82 @@
+// Shared pieces of the GPU suite: the process-wide Communicator, device buffers, input generation
+// per DP group, and the host-side oracle checks built on epkit::ref.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "epkit/epkit.hpp"
+#include "epkit/reference.hpp"
+
+namespace epkit::test {
+
+#define CUDA_OK(expr) ASSERT_EQ((expr), cudaSuccess) << #expr << ": " << cudaGetErrorString(expr)
+
+// The process's Communicator, created in main() from the epkit-run environment.
+Communicator& comm();
+// Fresh per launch: EPKIT_RUN_SEED (epkit-run draws a new one each launch), mixed with a case id.
+uint64_t case_seed(uint64_t case_id);
+// True on every rank iff `ok` is true on every rank (host allgather).
+bool all_ranks(bool ok);
+
+struct DeviceBuffer {
+  void* ptr = nullptr;
+  size_t bytes = 0;
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(size_t n);
+  DeviceBuffer(DeviceBuffer&& o) noexcept : ptr(o.ptr), bytes(o.bytes) { o.ptr = nullptr; o.bytes = 0; }
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  ~DeviceBuffer();
+  template <typename T>
+  T* as() const { return static_cast<T*>(ptr); }
+};
+
+enum class Routing { kUniform, kOneExpert, kOneRank, kMasked };
+const char* routing_name(Routing r);
+
+// Inputs of one DP group, identical on all ranks of the group (generated from the shared seed).
+struct GroupInputs {
+  int m = 0;
+  std::vector<uint8_t> x;        // [M][payload_bytes]
+  std::vector<float> x_scale;    // [M][num_scales]
+  std::vector<int32_t> topk_idx; // [M][K]
+  std::vector<float> weights;    // [M][K]
+};
+std::vector<GroupInputs> make_inputs(const AllToAllConfig& cfg, Routing routing, int m, uint64_t seed);
+
+// Expert function applied by the test "expert" kernel: y = x * c_e + d_e (x dequantised with its
+// block scale for fp8), rounded to combine_in dtype. Host and device compute it identically.
+float expert_scale(int expert);
+float expert_bias(int expert);
+// Host value of y for (group, token) at expert e, already rounded to the combine_in dtype.
+void host_expert_output(const AllToAllConfig& cfg, const GroupInputs& in, int token, int expert, float* y);
+
+// Device buffers of one rank for one layer.
+struct RankBuffers {
+  DeviceBuffer x, x_scale, topk_idx, weights, expert_x, expert_x_scale, expert_num_tokens, expert_y, out, m_dev;
+  DType idx_dtype = DType::kInt32;
+  void allocate(const AllToAllConfig& cfg, DType idx_dtype);
+  void upload(const AllToAllConfig& cfg, const GroupInputs& in, cudaStream_t st);  // also poisons outputs
+  DispatchArgs dispatch_args(const AllToAllConfig& cfg, int m, bool device_m) const;
+  CombineArgs combine_args(const AllToAllConfig& cfg, int m, bool device_m) const;
+};
+
+// Launches the test expert: y[el][pos] = f(x[el][pos]) for pos < expert_num_tokens[el].
+void launch_expert(const AllToAllConfig& cfg, const RankBuffers& b, cudaStream_t st);
+
+// Checks this rank's outputs against the reference; returns "" or a description of the first problem.
+std::string check_dispatch(const AllToAllConfig& cfg, const std::vector<GroupInputs>& groups, const RankBuffers& b);
+std::string check_combine(const AllToAllConfig& cfg, const std::vector<GroupInputs>& groups, const RankBuffers& b);
+
+// Tolerance of combine relative to sum_k |w * y|: two roundings to the output dtype (the partial per
+// rank and the final sum), each at most half an ulp = 2^-8 (bf16) or 2^-11 (fp16) relative, plus
+// fp32 accumulation (K * 2^-24, negligible); 1% slack.
+double combine_rel_tolerance(DType out);
+
+}  // namespace epkit::test

@@ -1,0 +1,277 @@
+// GPU suite: dispatch/combine against the host reference, run as N processes under epkit-run.
+//   test_all_to_all [--dp D] [--portable] [--sweep full|quick] [gtest flags]
+// Every rank runs the same cases in the same order; after each case the ranks agree on pass/fail,
+// so a failure on one rank fails all of them instead of leaving peers waiting.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "harness.hpp"
+
+namespace epkit::test {
+void set_comm(Communicator* c);
+}
+
+namespace epkit::test {
+namespace {
+
+int g_dp = 1;
+bool g_portable = false;
+bool g_full = true;
+constexpr int kM = 32;
+
+AllToAllConfig make_config(int hidden, int topk, int experts, DType payload, int variant) {
+  AllToAllConfig c;
+  c.world_size = comm().world_size();
+  c.rank = comm().rank();
+  c.dp_size = g_dp;
+  c.num_experts = experts;
+  c.experts_per_token = topk;
+  c.hidden = hidden;
+  c.max_tokens_per_rank = kM;
+  c.dispatch_dtype = payload;
+  const DType ins[] = {DType::kBF16, DType::kFP32, DType::kFP16};
+  const DType outs[] = {DType::kBF16, DType::kFP16};
+  c.combine_in_dtype = ins[variant % 3];
+  c.combine_out_dtype = outs[variant % 2];
+  c.path = g_portable ? DataPath::kPortable : DataPath::kAuto;
+  return c;
+}
+
+DType idx_type(int i) {
+  const DType t[] = {DType::kInt32, DType::kInt64, DType::kUInt32};
+  return t[i % 3];
+}
+
+// One layer: dispatch, expert, combine; fused or split with foreign work in between.
+void run_layer(AllToAll& a2a, const AllToAllConfig& cfg, const RankBuffers& b, int m, bool device_m, bool split,
+               cudaStream_t st, cudaStream_t other = nullptr, DeviceBuffer* scratch = nullptr);
+
+__global__ void busy_kernel(float* p, size_t n, float v) {
+  for (size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) p[i] = p[i] * 0.5f + v;
+}
+
+void run_layer(AllToAll& a2a, const AllToAllConfig& cfg, const RankBuffers& b, int m, bool device_m, bool split,
+               cudaStream_t st, cudaStream_t other, DeviceBuffer* scratch) {
+  const DispatchArgs d = b.dispatch_args(cfg, m, device_m);
+  const CombineArgs c = b.combine_args(cfg, m, device_m);
+  if (!split) {
+    a2a.dispatch(d, st);
+    launch_expert(cfg, b, st);
+    a2a.combine(c, st);
+    return;
+  }
+  a2a.dispatch_send(d, st);
+  if (scratch) busy_kernel<<<132, 256, 0, st>>>(scratch->as<float>(), scratch->bytes / 4, 1.f);  // same stream
+  a2a.dispatch_recv(d, st);
+  launch_expert(cfg, b, st);
+  a2a.combine_send(c, st);
+  if (scratch && other) {  // another stream, joined back by events
+    cudaEvent_t e1, e2;
+    cudaEventCreateWithFlags(&e1, cudaEventDisableTiming);
+    cudaEventCreateWithFlags(&e2, cudaEventDisableTiming);
+    cudaEventRecord(e1, st);
+    cudaStreamWaitEvent(other, e1);
+    busy_kernel<<<132, 256, 0, other>>>(scratch->as<float>(), scratch->bytes / 4, 2.f);
+    cudaEventRecord(e2, other);
+    cudaStreamWaitEvent(st, e2);
+    cudaEventDestroy(e1);
+    cudaEventDestroy(e2);
+  }
+  a2a.combine_recv(c, st);
+}
+
+std::string describe(const AllToAllConfig& c, Routing r, int m) {
+  return to_string(c) + " routing=" + routing_name(r) + " m=" + std::to_string(m);
+}
+
+// Agrees across ranks; on failure every rank reports and the test stops on every rank.
+#define AGREE_OR_FAIL(problem, what)                                                                \
+  do {                                                                                              \
+    const std::string _p = (problem);                                                               \
+    if (!all_ranks(_p.empty())) {                                                                   \
+      FAIL() << "rank " << comm().rank() << ": " << (_p.empty() ? "ok here, failed on another rank" : _p) \
+             << "\n  case: " << (what);                                                             \
+    }                                                                                               \
+  } while (0)
+
+struct Shape {
+  int hidden, topk, experts;
+};
+
+TEST(AllToAll, SweepAgainstReference) {
+  const Shape shapes[] = {{64, 1, 8}, {2048, 6, 64}, {7168, 8, 256}};
+  const DType payloads[] = {DType::kBF16, DType::kFP8E4M3};
+  const Routing routings[] = {Routing::kUniform, Routing::kOneExpert, Routing::kOneRank, Routing::kMasked};
+  const int ms[] = {0, 1, 7, kM};
+  cudaStream_t st;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), cudaSuccess);
+  int variant = 0, cases = 0;
+  for (DType payload : payloads) {
+    if (!g_full && payload == DType::kBF16) continue;
+    for (const Shape& s : shapes) {
+      ++variant;
+      const AllToAllConfig cfg = make_config(s.hidden, s.topk, s.experts, payload, variant);
+      AllToAll a2a(comm(), cfg);
+      RankBuffers b;
+      b.allocate(cfg, idx_type(variant));
+      int layer = 0;
+      for (Routing r : routings)
+        for (int m : ms) {
+          ++layer;
+          const uint64_t seed = case_seed(variant * 1000 + layer);
+          std::string problem;
+          try {
+            const auto groups = make_inputs(cfg, r, m, seed);
+            b.upload(cfg, groups[cfg.rank / cfg.dp_size], st);
+            run_layer(a2a, cfg, b, m, layer % 2 == 0, false, st);
+            if (cudaStreamSynchronize(st) != cudaSuccess) problem = "stream sync failed";
+            a2a.check();
+            if (problem.empty()) problem = check_dispatch(cfg, groups, b);
+            if (problem.empty()) problem = check_combine(cfg, groups, b);
+          } catch (const std::exception& e) {
+            problem = e.what();
+          }
+          AGREE_OR_FAIL(problem, describe(cfg, r, m));
+          ++cases;
+        }
+    }
+  }
+  cudaStreamDestroy(st);
+  if (comm().rank() == 0) std::printf("SweepAgainstReference: %d cases passed\n", cases);
+}
+
+TEST(AllToAll, SplitPhasesWithForeignKernels) {
+  const AllToAllConfig cfg = make_config(2048, 6, 64, DType::kFP8E4M3, 1);
+  AllToAll a2a(comm(), cfg);
+  RankBuffers b;
+  b.allocate(cfg, DType::kInt32);
+  DeviceBuffer scratch(64 << 20);
+  cudaMemset(scratch.ptr, 0, scratch.bytes);
+  cudaStream_t st, other;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking), cudaSuccess);
+  for (int it = 0; it < 6; ++it) {
+    const int m = it % 3 == 0 ? kM : 1 + it * 5;
+    std::string problem;
+    try {
+      const auto groups = make_inputs(cfg, it % 2 ? Routing::kMasked : Routing::kUniform, m, case_seed(50000 + it));
+      b.upload(cfg, groups[cfg.rank / cfg.dp_size], st);
+      run_layer(a2a, cfg, b, m, it % 2 == 1, true, st, other, &scratch);
+      if (cudaStreamSynchronize(st) != cudaSuccess) problem = "stream sync failed";
+      a2a.check();
+      if (problem.empty()) problem = check_dispatch(cfg, groups, b);
+      if (problem.empty()) problem = check_combine(cfg, groups, b);
+    } catch (const std::exception& e) {
+      problem = e.what();
+    }
+    AGREE_OR_FAIL(problem, "split phases iteration " + std::to_string(it));
+  }
+  cudaStreamDestroy(st);
+  cudaStreamDestroy(other);
+}
+
+TEST(AllToAll, GraphCaptureReplay100) {
+  const AllToAllConfig cfg = make_config(2048, 6, 64, DType::kFP8E4M3, 2);
+  AllToAll a2a(comm(), cfg);
+  RankBuffers b;
+  b.allocate(cfg, DType::kInt64);
+  cudaStream_t st;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), cudaSuccess);
+  // Capture one layer with m on the device; each replay gets new inputs and a new m.
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  std::string problem;
+  try {
+    ASSERT_EQ(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    run_layer(a2a, cfg, b, -1, true, false, st);
+    ASSERT_EQ(cudaStreamEndCapture(st, &graph), cudaSuccess);
+    ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  } catch (const std::exception& e) {
+    problem = e.what();
+  }
+  AGREE_OR_FAIL(problem, "graph capture");
+  for (int it = 0; it < 100; ++it) {
+    const int m = static_cast<int>(case_seed(70000 + it) % (kM + 1));
+    try {
+      const Routing r = it % 4 == 3 ? Routing::kMasked : (it % 4 == 2 ? Routing::kOneExpert : Routing::kUniform);
+      const auto groups = make_inputs(cfg, r, m, case_seed(60000 + it));
+      b.upload(cfg, groups[cfg.rank / cfg.dp_size], st);
+      if (cudaGraphLaunch(exec, st) != cudaSuccess) problem = "graph launch failed";
+      if (cudaStreamSynchronize(st) != cudaSuccess) problem = "stream sync failed";
+      a2a.check();
+      if (problem.empty()) problem = check_dispatch(cfg, groups, b);
+      if (problem.empty()) problem = check_combine(cfg, groups, b);
+    } catch (const std::exception& e) {
+      problem = e.what();
+    }
+    AGREE_OR_FAIL(problem, "graph replay " + std::to_string(it) + " m=" + std::to_string(m));
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(st);
+}
+
+TEST(AllToAll, EightLayersWithoutHostSync) {
+  const AllToAllConfig cfg = make_config(7168, 8, 256, DType::kFP8E4M3, 3);
+  AllToAll a2a(comm(), cfg);
+  constexpr int kLayers = 8;
+  std::vector<RankBuffers> bufs(kLayers);
+  std::vector<std::vector<GroupInputs>> inputs(kLayers);
+  cudaStream_t st;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), cudaSuccess);
+  std::string problem;
+  try {
+    for (int l = 0; l < kLayers; ++l) {
+      bufs[l].allocate(cfg, idx_type(l));
+      const int m = l == 0 ? 0 : (l * 7) % (kM + 1);
+      inputs[l] = make_inputs(cfg, static_cast<Routing>(l % 4), m, case_seed(80000 + l));
+      bufs[l].upload(cfg, inputs[l][cfg.rank / cfg.dp_size], st);
+    }
+    for (int l = 0; l < kLayers; ++l) run_layer(a2a, cfg, bufs[l], inputs[l][0].m, l % 2 == 1, l % 3 == 2, st);
+    if (cudaStreamSynchronize(st) != cudaSuccess) problem = "stream sync failed";
+    a2a.check();
+    for (int l = 0; l < kLayers && problem.empty(); ++l) {
+      problem = check_dispatch(cfg, inputs[l], bufs[l]);
+      if (problem.empty()) problem = check_combine(cfg, inputs[l], bufs[l]);
+      if (!problem.empty()) problem = "layer " + std::to_string(l) + ": " + problem;
+    }
+  } catch (const std::exception& e) {
+    problem = e.what();
+  }
+  AGREE_OR_FAIL(problem, "8 layers");
+  cudaStreamDestroy(st);
+}
+
+}  // namespace
+}  // namespace epkit::test
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--portable")) epkit::test::g_portable = true;
+    else if (!std::strcmp(argv[i], "--dp") && i + 1 < argc) epkit::test::g_dp = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--sweep") && i + 1 < argc) epkit::test::g_full = std::strcmp(argv[++i], "quick") != 0;
+  }
+  int ndev = 0;
+  if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
+    std::printf("skipped: no GPU\n");
+    return 77;
+  }
+  try {
+    epkit::Communicator comm = epkit::Communicator::from_env();
+    epkit::test::set_comm(&comm);
+    if (comm.rank() == 0)
+      std::printf("world_size=%d dp=%d path=%s sweep=%s\n", comm.world_size(), epkit::test::g_dp,
+                  epkit::test::g_portable ? "portable" : "auto", epkit::test::g_full ? "full" : "quick");
+    const int rc = RUN_ALL_TESTS();
+    comm.barrier();
+    return rc;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "fatal: %s\n", e.what());
+    return 1;
+  }
+}
