@@ -1,6 +1,7 @@
 // epkit-run's command line: options first, then `--` (optional) and the command, which keeps
 // every later argument, dashes included.
 #include <cerrno>
+#include <cctype>
 #include <cmath>
 #include <algorithm>
 #include <cstdlib>
@@ -22,7 +23,8 @@ long parse_long(const std::string& opt, const std::string& v, long lo, long hi) 
   errno = 0;
   char* end = nullptr;
   long x = std::strtol(v.c_str(), &end, 10);
-  require(!v.empty() && *end == '\0' && errno == 0 && x >= lo && x <= hi, "bad ", opt, " value '",
+  const bool plain = !v.empty() && (std::isdigit(uint8_t(v[0])) || (v[0] == '-' && v.size() > 1));
+  require(plain && *end == '\0' && errno == 0 && x >= lo && x <= hi, "bad ", opt, " value '",
               v, "': expected an integer in [", lo, ", ", hi, "]");
   return x;
 }

@@ -15,6 +15,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <climits>
@@ -123,7 +124,8 @@ JobEnv make_job_env() {
   if (const char* port = getenv_nonempty("MASTER_PORT")) {
     char* end = nullptr;
     long p = std::strtol(port, &end, 10);
-    EPKIT_CHECK(*end == '\0' && p >= 1 && p <= 65535, "epkit-run: MASTER_PORT='", port,
+    EPKIT_CHECK(std::isdigit(uint8_t(port[0])) && *end == '\0' && p >= 1 && p <= 65535,
+                "epkit-run: MASTER_PORT='", port,
                 "' is not a port in [1, 65535]");
     e.master_port = port;
   } else {
@@ -133,7 +135,8 @@ JobEnv make_job_env() {
     char* end = nullptr;
     errno = 0;
     std::strtoull(seed, &end, 10);
-    EPKIT_CHECK(*end == '\0' && errno == 0 && seed[0] != '-', "epkit-run: EPKIT_RUN_SEED='", seed,
+    EPKIT_CHECK(std::isdigit(uint8_t(seed[0])) && *end == '\0' && errno == 0,
+                "epkit-run: EPKIT_RUN_SEED='", seed,
                 "' is not a decimal 64-bit unsigned value");
     e.seed = seed;
   } else {
