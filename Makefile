@@ -34,7 +34,7 @@ bench: build
 	@if [ "$(NGPUS)" = "0" ] || [ -z "$(NGPUS)" ]; then \
 	  echo "make bench: no GPU on this machine; nothing to benchmark (build is ready in $(BUILD)/)."; \
 	else \
-	  NVSHMEM_DISABLE_NVLS=1 NCCL_NVLS_ENABLE=0 $(BUILD)/tools/epkit-run -n $(NGPUS) -- $(BUILD)/tools/epkit-bench $(BENCH_ARGS); \
+	  NVSHMEM_DISABLE_NVLS=1 NCCL_NVLS_ENABLE=0 $(BUILD)/bin/epkit-run -n $(NGPUS) -- $(BUILD)/bin/epkit-bench $(BENCH_ARGS); \
 	fi
 
 clean:

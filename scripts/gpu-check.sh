@@ -32,9 +32,9 @@ t0=$(date +%s)
 ( cd "$BUILD" && ctest -L gpu --output-on-failure ${TESTS:+-R "$TESTS"} ) > "$LOG/gpu-tests.log" 2>&1 || rc=1
 echo "gpu suite: $(( $(date +%s) - t0 )) s"
 grep -E "Test +#|tests passed|Failed|SKIP" "$LOG/gpu-tests.log" | tail -20
-if [ "$BENCH" = 1 ] && [ -x "$BUILD/tools/epkit-bench" ]; then
+if [ "$BENCH" = 1 ] && [ -x "$BUILD/bin/epkit-bench" ]; then
   ngpu=$(nvidia-smi -L | grep -c '^GPU')
-  "$BUILD/tools/epkit-run" -n "$ngpu" -- "$BUILD/tools/epkit-bench" "${BENCH_ARGS[@]}" --json "$LOG/bench.json" \
+  "$BUILD/bin/epkit-run" -n "$ngpu" -- "$BUILD/bin/epkit-bench" "${BENCH_ARGS[@]}" --json "$LOG/bench.json" \
     > "$LOG/bench.log" 2>&1 || rc=1
   tail -30 "$LOG/bench.log"
 fi
