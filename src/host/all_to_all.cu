@@ -10,6 +10,7 @@
 #include "epkit/all_to_all.hpp"
 #include "epkit/error.hpp"
 #include "kernels/launch.hpp"
+#include "transport/control.cuh"
 #include "transport/cuda_check.hpp"
 
 namespace epkit {
@@ -267,8 +268,12 @@ AllToAll::~AllToAll() {
   Impl& I = *impl_;
   if (!I.dead && !peers_unreachable()) {
     cudaDeviceSynchronize();
-    nvshmem_barrier_all();  // no peer may still write into our buffers when we free them
-    nvshmem_free(I.sym);
+    try {
+      transport::control_barrier();  // no peer may still write into our buffers when we free them
+      nvshmem_free(I.sym);
+    } catch (const Error&) {
+      // A peer never arrived: leak the buffers rather than free memory a peer may still write.
+    }
   }
   cudaFree(I.ws);
   cudaFreeHost(I.err_host);

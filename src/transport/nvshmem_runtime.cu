@@ -12,6 +12,7 @@
 #include "epkit/communicator.hpp"
 #include "epkit/error.hpp"
 #include "epkit/rendezvous.hpp"
+#include "transport/control.cuh"
 #include "transport/cuda_check.hpp"
 
 namespace epkit {
@@ -82,6 +83,7 @@ Communicator Communicator::from_unique_id(int rank, int world_size, const Unique
   c.owns_ = true;
   EPKIT_CHECK(c.rank_ == rank && c.world_size_ == world_size, "NVSHMEM reports PE ", c.rank_, " of ", c.world_size_,
               ", expected ", rank, " of ", world_size);
+  transport::control_init(c.world_size_);
   return c;
 }
 
@@ -129,6 +131,7 @@ Communicator Communicator::from_mpi(void* mpi_comm, int device) {
   c.local_rank_ = env_int("LOCAL_RANK", 0);
   EPKIT_CUDA_CHECK(cudaGetDevice(&c.device_));
   c.owns_ = true;
+  transport::control_init(c.world_size_);
   return c;
 }
 #endif
@@ -151,36 +154,19 @@ Communicator::~Communicator() {
   if (!owns_) return;
   owns_ = false;
   // finalize is collective; with a dead or diverged peer it would block forever.
+  transport::control_finalize();
   if (!peers_unreachable()) nvshmem_finalize();
   g_live = 0;
 }
 
 void Communicator::barrier() const {
   EPKIT_CHECK(owns_, "Communicator is not initialised");
-  nvshmem_barrier_all();
+  transport::control_barrier();
 }
 
 void Communicator::allgather(const void* data, size_t n, void* out) const {
   EPKIT_CHECK(owns_, "Communicator is not initialised");
-  const size_t padded = align8(n);
-  auto* src = static_cast<uint8_t*>(nvshmem_malloc(padded));
-  auto* dst = static_cast<uint8_t*>(nvshmem_malloc(padded * world_size_));
-  EPKIT_CHECK(src && dst, "nvshmem_malloc of ", padded * (world_size_ + 1), " bytes for allgather failed");
-  cudaStream_t st;
-  EPKIT_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-  EPKIT_CUDA_CHECK(cudaMemsetAsync(src, 0, padded, st));
-  EPKIT_CUDA_CHECK(cudaMemcpyAsync(src, data, n, cudaMemcpyHostToDevice, st));
-  const int rc = nvshmemx_fcollectmem_on_stream(NVSHMEM_TEAM_WORLD, dst, src, padded, st);
-  std::vector<uint8_t> host(padded * world_size_);
-  EPKIT_CUDA_CHECK(cudaMemcpyAsync(host.data(), dst, host.size(), cudaMemcpyDeviceToHost, st));
-  EPKIT_CUDA_CHECK(cudaStreamSynchronize(st));
-  EPKIT_CUDA_CHECK(cudaStreamDestroy(st));
-  nvshmem_barrier_all();
-  nvshmem_free(dst);
-  nvshmem_free(src);
-  EPKIT_CHECK(rc == 0, "nvshmemx_fcollectmem_on_stream failed with ", rc);
-  for (int r = 0; r < world_size_; ++r)
-    std::memcpy(static_cast<uint8_t*>(out) + r * n, host.data() + r * padded, n);
+  transport::control_allgather(data, n, out);
 }
 
 void Communicator::broadcast(void* data, size_t n, int root) const {
@@ -202,7 +188,7 @@ void Communicator::symmetric_free(void* ptr) const {
   if (ptr) nvshmem_free(ptr);
 }
 
-void Communicator::barrier_on_stream(cudaStream_t stream) const { nvshmemx_barrier_all_on_stream(stream); }
+void Communicator::barrier_on_stream(cudaStream_t stream) const { transport::control_barrier_on_stream(stream); }
 
 void Communicator::alltoall_on_stream(void* dst, const void* src, size_t bytes_per_rank, cudaStream_t stream) const {
   const int rc = nvshmemx_alltoallmem_on_stream(NVSHMEM_TEAM_WORLD, dst, src, bytes_per_rank, stream);
