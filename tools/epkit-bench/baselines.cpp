@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <set>
@@ -79,7 +80,7 @@ void time_dense(const Communicator& comm, const Case& c, const AlgorithmicBytes&
 }
 
 // Whether this rank's GPU fits both padded buffers, agreed by all ranks (so all skip or none).
-bool all_ranks_fit(const Communicator& comm, size_t need, std::string& why) {
+[[maybe_unused]] bool all_ranks_fit(const Communicator& comm, size_t need, std::string& why) {
   size_t free_b = 0, total_b = 0;
   cuda_check(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
   const int fits = free_b >= need + (size_t{1} << 30);  // keep 1 GiB for NCCL's own buffers
