@@ -45,7 +45,11 @@ Stream::~Stream() {
 }
 
 void copy_to_device(void* dst, const void* src, size_t bytes) {
-  if (bytes) cuda_check(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice), "cudaMemcpy host to device");
+  if (bytes == 0) return;
+  cuda_check(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice), "cudaMemcpy host to device");
+  // A pageable copy may return before its DMA lands, and the bench's stream does not wait on the
+  // legacy stream: synchronise so kernels on any stream see the data.
+  cuda_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
 }
 
 void fill_random(void* dst, DType t, size_t count, uint64_t seed) {
@@ -96,6 +100,7 @@ void fill_random(void* dst, DType t, size_t count, uint64_t seed) {
     cuda_check(cudaMemcpy(d + done, d, n, cudaMemcpyDeviceToDevice), "cudaMemcpy device to device");
     done += n;
   }
+  cuda_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
 }
 
 }  // namespace epkit::bench

@@ -46,10 +46,10 @@ class Stream {
 
 // Fills `count` elements of type `t` with seeded finite values of magnitude <= 1 (fp8 / bf16 / fp16 /
 // fp32; fp32 is used for scales and gets values in [0.5, 1.5]). Payload values matter only in that
-// they are not all zero, so no path can take a shortcut on them.
+// they are not all zero, so no path can take a shortcut on them. Returns once the data is on the device.
 void fill_random(void* dst, DType t, size_t count, uint64_t seed);
 
-// Synchronous host-to-device copy.
+// Host-to-device copy; returns once the data is on the device (visible to work on any stream).
 void copy_to_device(void* dst, const void* src, size_t bytes);
 
 }  // namespace epkit::bench
