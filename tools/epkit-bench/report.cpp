@@ -122,12 +122,13 @@ void write_json(std::ostream& os, const Report& r) {
 }
 
 void write_csv(std::ostream& os, const Report& r) {
+  // The row fields, then the run's ceilings repeated on every line so the file stands alone.
   const auto& fields = row_fields();
   for (size_t f = 0; f < fields.size(); ++f) os << (f ? "," : "") << fields[f].name;
-  os << "\n";
+  os << ",ceiling_p2p_gbps,ceiling_put_signal_us_median\n";
   for (const Row& row : r.rows) {
     for (size_t f = 0; f < fields.size(); ++f) os << (f ? "," : "") << csv_cell(fields[f].get(row));
-    os << "\n";
+    os << "," << number(r.ceilings.p2p_gbps) << "," << number(r.ceilings.put_signal_us_median) << "\n";
   }
 }
 
