@@ -1,0 +1,59 @@
+# Locates NCCL for epkit-bench's dense baseline and defines epkit::nccl plus EPKIT_HAVE_NCCL.
+# Search order: 1. NCCL_HOME (CMake or env), 2. the nvidia.nccl package of the python3 on PATH (how
+# torch ships it: lib/libnccl.so.2, include/nccl.h), 3. the CUDA toolkit. Not found is not fatal:
+# epkit-bench is then built without the NCCL baseline and says so when it runs.
+if(TARGET epkit::nccl)
+  return()
+endif()
+set(_nccl_candidates "")
+if(DEFINED NCCL_HOME)
+  list(APPEND _nccl_candidates "${NCCL_HOME}")
+elseif(DEFINED ENV{NCCL_HOME})
+  list(APPEND _nccl_candidates "$ENV{NCCL_HOME}")
+endif()
+find_program(_epkit_python3_nccl python3)
+if(_epkit_python3_nccl)
+  execute_process(
+    COMMAND "${_epkit_python3_nccl}" -c "import nvidia.nccl as m; print(m.__path__[0])"
+    OUTPUT_VARIABLE _nccl_py OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET RESULT_VARIABLE _nccl_rc)
+  if(_nccl_rc EQUAL 0 AND _nccl_py)
+    list(APPEND _nccl_candidates "${_nccl_py}")
+  endif()
+endif()
+if(CUDAToolkit_INCLUDE_DIRS)
+  list(GET CUDAToolkit_INCLUDE_DIRS 0 _nccl_cuda_inc)
+  get_filename_component(_nccl_cuda_root "${_nccl_cuda_inc}" DIRECTORY)
+  list(APPEND _nccl_candidates "${_nccl_cuda_root}")
+endif()
+
+set(EPKIT_HAVE_NCCL OFF)
+foreach(_c IN LISTS _nccl_candidates)
+  if(NOT EXISTS "${_c}/include/nccl.h")
+    continue()
+  endif()
+  set(_nccl_lib "")
+  foreach(_dir lib lib64 "lib/x86_64-linux-gnu")
+    foreach(_name libnccl.so.2 libnccl.so)
+      if(NOT _nccl_lib AND EXISTS "${_c}/${_dir}/${_name}")
+        set(_nccl_lib "${_c}/${_dir}/${_name}")
+      endif()
+    endforeach()
+  endforeach()
+  if(_nccl_lib)
+    set(EPKIT_HAVE_NCCL ON)
+    set(EPKIT_NCCL_ROOT "${_c}")
+    break()
+  endif()
+endforeach()
+
+if(EPKIT_HAVE_NCCL)
+  message(STATUS "NCCL: ${_nccl_lib}")
+  get_filename_component(EPKIT_NCCL_LIBDIR "${_nccl_lib}" DIRECTORY)
+  add_library(epkit::nccl SHARED IMPORTED GLOBAL)
+  set_target_properties(epkit::nccl PROPERTIES
+    IMPORTED_LOCATION "${_nccl_lib}"
+    IMPORTED_SONAME "libnccl.so.2"
+    INTERFACE_INCLUDE_DIRECTORIES "${EPKIT_NCCL_ROOT}/include")
+else()
+  message(STATUS "NCCL: not found (tried: ${_nccl_candidates}); epkit-bench is built without the NCCL baseline")
+endif()

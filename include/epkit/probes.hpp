@@ -1,0 +1,62 @@
+// Measurement probes: small collective experiments that need NVSHMEM device code or nvshmem_ptr.
+// They live in libepkit.so because NVSHMEM's device state is initialised there; epkit-bench calls
+// them to measure the device ceilings it reports bandwidth and latency against. Each returns raw
+// per-sample times of this rank; the caller combines ranks and computes statistics.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "epkit/communicator.hpp"
+
+namespace epkit::probes {
+
+// The address at which this rank can load/store/cudaMemcpy `peer`'s copy of `symmetric_ptr` (a
+// pointer from Communicator::symmetric_malloc); nullptr when the peer is not reachable by P2P.
+void* peer_address(const Communicator& comm, const void* symmetric_ptr, int peer);
+
+// "major.minor.patch" of the NVSHMEM library loaded at run time.
+std::string nvshmem_version();
+
+struct CopyProbeOptions {
+  size_t bytes = size_t{256} << 20;  // bytes per copy
+  int warmup = 3;                    // untimed copies
+  int samples = 20;                  // timed copies
+};
+
+struct CopyProbeResult {
+  int peer = -1;                  // rank this rank copied to: (rank + 1) % W; -1 with one rank
+  bool p2p = false;               // true: cudaMemcpyAsync to the peer address; false: nvshmemx_putmem_on_stream
+  std::string method;             // human-readable description of what was timed
+  size_t bytes = 0;
+  std::vector<double> sample_us;  // this rank's time per copy (CUDA events, after an on-stream barrier)
+};
+
+// Collective. Every rank copies `bytes` from local device memory into the symmetric buffer of rank
+// (rank + 1) % W at the same time, so with two ranks each link carries traffic both ways: the
+// per-direction bandwidth under the load dispatch and combine put on it. Peers without P2P are
+// written with nvshmemx_putmem_on_stream + quiet instead. Empty samples with one rank.
+CopyProbeResult measure_copy_bandwidth(const Communicator& comm, const CopyProbeOptions& opt, cudaStream_t stream);
+
+struct PingPongOptions {
+  size_t bytes = 8;      // payload per put
+  int round_trips = 200; // per timed kernel
+  int samples = 20;      // timed kernels (one untimed before them)
+};
+
+struct PingPongResult {
+  int peer = -1;                      // rank 0 plays with rank 1; -1 with one rank
+  size_t bytes = 0;
+  int round_trips = 0;
+  std::vector<double> one_way_us;     // per timed kernel: kernel time / (2 * round_trips); rank 0 only
+};
+
+// Collective. Ranks 0 and 1 bounce `bytes` with nvshmemx_putmem_signal_nbi_warp, each waiting with
+// nvshmem_uint64_wait_until for the other's signal before answering (one warp each); other ranks
+// only join the barriers. Empty one_way_us with one rank and on ranks other than 0.
+PingPongResult measure_put_signal_latency(const Communicator& comm, const PingPongOptions& opt, cudaStream_t stream);
+
+}  // namespace epkit::probes

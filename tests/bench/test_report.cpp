@@ -1,0 +1,96 @@
+// JSON / CSV / table writers: the required fields are present, missing numbers render as null /
+// empty, strings are escaped, and JSON and CSV carry the same field list.
+#include <gtest/gtest.h>
+
+#include <sstream>
+
+#include "report.hpp"
+
+namespace epkit::bench {
+namespace {
+
+Report sample_report() {
+  Report r;
+  r.meta = {{"gpu", "NVIDIA H200"}, {"git_commit", "abc\"def"}};
+  r.ceilings.p2p_gbps = 393.5;
+  r.ceilings.p2p_bytes = 256 << 20;
+  r.ceilings.p2p_method = "cudaMemcpyAsync";
+  Row e;
+  e.preset = "decode";
+  e.tokens = 128;
+  e.world_size = 2;
+  e.system = "epkit";
+  e.samples = 200;
+  e.dispatch_us_median = 30.25;
+  e.combine_us_median = 40.5;
+  e.total_us_median = 71.0;
+  e.total_us_p99 = 80.0;
+  e.dispatch_pct_of_ceiling = 12.5;
+  e.combine_pct_of_ceiling = 20.0;
+  e.symmetric_bytes = 123456789;
+  e.graph_total_us_median = 60.0;
+  Row n = e;
+  n.system = "nccl";
+  n.note = "padded, \"grouped\"";
+  n.graph_total_us_median = kNotMeasured;
+  r.rows = {e, n};
+  return r;
+}
+
+TEST(BenchReport, JsonHasRequiredFields) {
+  std::ostringstream os;
+  write_json(os, sample_report());
+  const std::string j = os.str();
+  for (const char* key : {"\"rows\": [", "\"preset\": \"decode\"", "\"tokens\": 128", "\"world_size\": 2",
+                          "\"system\": \"epkit\"", "\"system\": \"nccl\"", "\"dispatch_us_median\": 30.25",
+                          "\"combine_us_median\": 40.5", "\"total_us_median\": 71", "\"total_us_p99\": 80",
+                          "\"dispatch_pct_of_ceiling\": 12.5", "\"combine_pct_of_ceiling\": 20",
+                          "\"symmetric_bytes\": 123456789", "\"graph_total_us_median\": 60",
+                          "\"graph_total_us_median\": null", "\"dispatch_send_us_median\": null",
+                          "\"p2p_gbps\": 393.5", "\"gpu\": \"NVIDIA H200\"", "\"git_commit\": \"abc\\\"def\"",
+                          "\"note\": \"padded, \\\"grouped\\\"\""}) {
+    EXPECT_NE(j.find(key), std::string::npos) << key << "\n" << j;
+  }
+  EXPECT_EQ(j.find("nan"), std::string::npos);
+}
+
+TEST(BenchReport, CsvMatchesFieldList) {
+  std::ostringstream os;
+  write_csv(os, sample_report());
+  std::istringstream is(os.str());
+  std::string header, line1, line2;
+  std::getline(is, header);
+  std::getline(is, line1);
+  std::getline(is, line2);
+  const auto& fields = row_fields();
+  std::string expect_header;
+  for (size_t i = 0; i < fields.size(); ++i) expect_header += (i ? "," : "") + std::string(fields[i].name);
+  EXPECT_EQ(header, expect_header + ",ceiling_p2p_gbps,ceiling_put_signal_us_median");
+  EXPECT_EQ(line1.substr(line1.size() - 7), ",393.5,") << line1;  // latency ceiling not measured: empty
+  EXPECT_EQ(line1.rfind("decode,128,2,epkit,", 0), 0u) << line1;
+  EXPECT_NE(line1.find(",30.25,"), std::string::npos);
+  EXPECT_NE(line1.find(",123456789,"), std::string::npos);
+  EXPECT_NE(line2.find("\"padded, \"\"grouped\"\"\""), std::string::npos) << line2;
+  EXPECT_NE(line2.find(",,"), std::string::npos);  // unmeasured numbers are empty cells
+  for (const char* name : {"preset", "tokens", "world_size", "system", "dispatch_us_median", "combine_us_median",
+                           "total_us_median", "total_us_p99", "dispatch_pct_of_ceiling", "combine_pct_of_ceiling",
+                           "symmetric_bytes", "dispatch_send_us_median", "dispatch_recv_us_p99",
+                           "combine_send_us_median", "combine_recv_us_p99", "graph_total_us_median",
+                           "workspace_bytes"}) {
+    EXPECT_NE(header.find(name), std::string::npos) << name;
+  }
+}
+
+TEST(BenchReport, TableAndPercent) {
+  std::ostringstream os;
+  print_table(os, sample_report());
+  EXPECT_NE(os.str().find("decode"), std::string::npos);
+  EXPECT_NE(os.str().find("393.5 GB/s"), std::string::npos);
+  EXPECT_DOUBLE_EQ(pct_of(196.75, 393.5), 50.0);
+  EXPECT_TRUE(std::isnan(pct_of(10, kNotMeasured)));
+  EXPECT_TRUE(std::isnan(pct_of(10, 0)));
+  EXPECT_EQ(json_quote("a\nb\x01"), "\"a\\nb\\u0001\"");
+}
+
+}  // namespace
+}  // namespace epkit::bench

@@ -1,0 +1,101 @@
+#include "meta.hpp"
+
+#include <cuda_runtime_api.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <fstream>
+
+#include "epkit/probes.hpp"
+
+#ifndef EPKIT_BENCH_GIT_COMMIT
+#define EPKIT_BENCH_GIT_COMMIT "unknown"
+#endif
+#ifndef EPKIT_BENCH_SOURCE_DIR
+#define EPKIT_BENCH_SOURCE_DIR "."
+#endif
+
+namespace epkit::bench {
+
+namespace {
+
+std::string cuda_version_string(int v) { return std::to_string(v / 1000) + "." + std::to_string((v % 1000) / 10); }
+
+// The kernel driver's version from /proc (e.g. "580.95.05"); "unknown" where it is not readable.
+std::string kernel_driver_version() {
+  std::ifstream f("/proc/driver/nvidia/version");
+  std::string line;
+  if (!std::getline(f, line)) return "unknown";
+  // "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.95.05  Tue ..."
+  const std::string key = "Kernel Module";
+  const size_t at = line.find(key);
+  if (at == std::string::npos) return line;
+  size_t b = line.find_first_not_of(' ', at + key.size());
+  size_t e = line.find(' ', b);
+  return b == std::string::npos ? line : line.substr(b, e - b);
+}
+
+std::string env_or(const char* name, const char* fallback) {
+  const char* v = std::getenv(name);
+  return v ? v : fallback;
+}
+
+}  // namespace
+
+std::string git_commit() {
+  const std::string cmd = std::string("git -C '") + EPKIT_BENCH_SOURCE_DIR + "' rev-parse HEAD 2>/dev/null";
+  if (FILE* p = popen(cmd.c_str(), "r")) {
+    char buf[128] = {};
+    const bool got = std::fgets(buf, sizeof buf, p) != nullptr;
+    const int rc = pclose(p);
+    std::string s = got ? buf : "";
+    while (!s.empty() && (s.back() == '\n' || s.back() == '\r')) s.pop_back();
+    if (rc == 0 && s.size() == 40) return s;
+  }
+  return EPKIT_BENCH_GIT_COMMIT;
+}
+
+std::vector<std::pair<std::string, std::string>> collect_meta(const Communicator& comm, const std::string& nccl_version,
+                                                              const std::vector<std::string>& argv) {
+  std::vector<std::pair<std::string, std::string>> m;
+  cudaDeviceProp prop{};
+  const bool have_prop = cudaGetDeviceProperties(&prop, comm.device()) == cudaSuccess;
+  int driver = 0, runtime = 0;
+  cudaDriverGetVersion(&driver);
+  cudaRuntimeGetVersion(&runtime);
+  char host[256] = {};
+  gethostname(host, sizeof host - 1);
+  const std::time_t now = std::time(nullptr);
+  char date[32];
+  std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  std::string cmd;
+  for (const std::string& a : argv) cmd += (cmd.empty() ? "" : " ") + a;
+
+  m.emplace_back("gpu", have_prop ? prop.name : "unknown");
+  m.emplace_back("gpu_sms", have_prop ? std::to_string(prop.multiProcessorCount) : "unknown");
+  m.emplace_back("gpu_memory_bytes", have_prop ? std::to_string(prop.totalGlobalMem) : "unknown");
+  m.emplace_back("driver", kernel_driver_version());
+  m.emplace_back("cuda_driver_api", cuda_version_string(driver));
+  m.emplace_back("cuda_runtime", cuda_version_string(runtime));
+  m.emplace_back("nvshmem", probes::nvshmem_version());
+  m.emplace_back("nccl", nccl_version);
+  m.emplace_back("git_commit", git_commit());
+  m.emplace_back("date", date);
+  m.emplace_back("host", host);
+  m.emplace_back("world_size", std::to_string(comm.world_size()));
+  m.emplace_back("command_line", cmd);
+  m.emplace_back("NVSHMEM_SYMMETRIC_SIZE", env_or("NVSHMEM_SYMMETRIC_SIZE", "unset"));
+  m.emplace_back("EPKIT_TIMEOUT_MS", env_or("EPKIT_TIMEOUT_MS", "unset"));
+  m.emplace_back("sample_definition",
+                 "CUDA events after an on-stream barrier; each sample is the slowest rank's time; median, and p99 "
+                 "as the nearest-rank 99th percentile");
+  m.emplace_back("bytes_definition",
+                 "algorithmic bytes per rank: dispatch = (payload + fp32 scales) per (token, remote destination rank) "
+                 "pair, combine = H * sizeof(out dtype) per such pair; summed over ranks and divided by world size; "
+                 "% of ceiling = GB/s over the P2P copy bandwidth per direction");
+  return m;
+}
+
+}  // namespace epkit::bench

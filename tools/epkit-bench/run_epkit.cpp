@@ -1,0 +1,204 @@
+#include "run_epkit.hpp"
+
+#include <algorithm>
+#include <vector>
+
+#include "device.hpp"
+#include "epkit/all_to_all.hpp"
+#include "epkit/error.hpp"
+#include "timing.hpp"
+
+namespace epkit::bench {
+
+namespace {
+
+// Owns a captured graph and its executable instance.
+struct Graph {
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  ~Graph() {
+    if (exec) cudaGraphExecDestroy(exec);
+    if (graph) cudaGraphDestroy(graph);
+  }
+};
+
+void set_median_p99(const Summary& s, double& median, double& p99) {
+  median = s.median;
+  p99 = s.p99;
+}
+
+}  // namespace
+
+Row make_row_identity(const Case& c, const char* system) {
+  Row r;
+  r.preset = c.preset;
+  r.tokens = c.num_tokens;
+  r.world_size = c.cfg.world_size;
+  r.system = system;
+  r.dp_size = c.cfg.dp_size;
+  r.hidden = c.cfg.hidden;
+  r.experts = c.cfg.num_experts;
+  r.topk = c.cfg.experts_per_token;
+  r.max_tokens = c.cfg.max_tokens_per_rank;
+  r.dispatch_dtype = dtype_name(c.cfg.dispatch_dtype);
+  r.combine_dtype = dtype_name(c.cfg.combine_out_dtype);
+  r.routing = routing_name(c.routing);
+  r.num_sms = c.cfg.num_sms;
+  return r;
+}
+
+Row run_epkit(const Communicator& comm, const Case& c, const GroupRouting& mine, const AlgorithmicBytes& bytes,
+              const Options& opt, const Ceilings& ceilings, cudaStream_t stream) {
+  const AllToAllConfig& cfg = c.cfg;
+  Row row = make_row_identity(c, "epkit");
+  row.path = cfg.path == DataPath::kPortable ? "portable" : "auto";
+
+  AllToAll a2a(comm, cfg);
+  row.symmetric_bytes = static_cast<int64_t>(a2a.symmetric_bytes());
+  row.workspace_bytes = static_cast<int64_t>(a2a.workspace_bytes());
+  row.p2p_peers = a2a.num_p2p_peers();
+
+  const int64_t M = cfg.max_tokens_per_rank, H = cfg.hidden, K = cfg.experts_per_token;
+  const int64_t L = num_local_experts(cfg), cap = effective_capacity(cfg), S = scales_per_token(cfg);
+  const int m = c.num_tokens;
+  const DType dd = cfg.dispatch_dtype, cin = cfg.combine_in_dtype, cout = cfg.combine_out_dtype;
+  const bool fp8 = has_scales(cfg);
+
+  DeviceBuffer x(M * H * dtype_size(dd), "x");
+  DeviceBuffer x_scale(fp8 ? M * S * 4 : 0, "x_scale");
+  DeviceBuffer topk_idx(M * K * 4, "topk_idx");
+  DeviceBuffer topk_w(M * K * 4, "topk_weights");
+  DeviceBuffer expert_x(L * cap * H * dtype_size(dd), "expert_x");
+  DeviceBuffer expert_x_scale(fp8 ? L * cap * S * 4 : 0, "expert_x_scale");
+  DeviceBuffer expert_num(L * 4, "expert_num_tokens");
+  DeviceBuffer expert_y(L * cap * H * dtype_size(cin), "expert_y");
+  DeviceBuffer out(M * H * dtype_size(cout), "out");
+  row.buffer_bytes = static_cast<int64_t>(x.bytes() + x_scale.bytes() + topk_idx.bytes() + topk_w.bytes() +
+                                          expert_x.bytes() + expert_x_scale.bytes() + expert_num.bytes() +
+                                          expert_y.bytes() + out.bytes());
+
+  // The D ranks of a group must feed identical tokens: the seed depends on the group only.
+  const uint64_t group_seed = mix_seed(c.seed, 1000 + static_cast<uint64_t>(cfg.rank / cfg.dp_size));
+  fill_random(x.get(), dd, static_cast<size_t>(M * H), group_seed);
+  if (fp8) fill_random(x_scale.get(), DType::kFP32, static_cast<size_t>(M * S), group_seed + 1);
+  // Expert outputs are whatever the "experts" produced; any finite values do for timing.
+  fill_random(expert_y.get(), cin, static_cast<size_t>(L * cap * H), mix_seed(c.seed, 2000 + cfg.rank));
+  std::vector<int32_t> idx(static_cast<size_t>(M * K), -1);
+  std::vector<float> w(static_cast<size_t>(M * K), 0.f);
+  std::copy(mine.topk_idx.begin(), mine.topk_idx.end(), idx.begin());
+  std::copy(mine.topk_weights.begin(), mine.topk_weights.end(), w.begin());
+  copy_to_device(topk_idx.get(), idx.data(), idx.size() * 4);
+  copy_to_device(topk_w.get(), w.data(), w.size() * 4);
+
+  DispatchArgs d;
+  d.x = Tensor(x.get(), dd, {M, H});
+  if (fp8) d.x_scale = Tensor(x_scale.get(), DType::kFP32, {M, S});
+  d.topk_idx = Tensor(topk_idx.get(), DType::kInt32, {M, K});
+  d.num_tokens = m;
+  d.expert_x = Tensor(expert_x.get(), dd, {L, cap, H});
+  if (fp8) d.expert_x_scale = Tensor(expert_x_scale.get(), DType::kFP32, {L, cap, S});
+  d.expert_num_tokens = Tensor(expert_num.get(), DType::kInt32, {L});
+  CombineArgs cb;
+  cb.expert_y = Tensor(expert_y.get(), cin, {L, cap, H});
+  cb.topk_idx = d.topk_idx;
+  cb.topk_weights = Tensor(topk_w.get(), DType::kFP32, {M, K});
+  cb.num_tokens = m;
+  cb.out = Tensor(out.get(), cout, {M, H});
+
+  auto finish = [&] {
+    cuda_check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+    a2a.check();
+  };
+  auto warm_up = [&] {
+    for (int i = 0; i < opt.warmup; ++i) {
+      a2a.dispatch(d, stream);
+      a2a.combine(cb, stream);
+    }
+    finish();
+  };
+  const int n = opt.iters;
+
+  // Split halves, all four in one sequence per sample: shows where the time goes.
+  warm_up();
+  {
+    EventGrid ev(n, 5);
+    for (int i = 0; i < n; ++i) {
+      comm.barrier_on_stream(stream);
+      ev.record(i, 0, stream);
+      a2a.dispatch_send(d, stream);
+      ev.record(i, 1, stream);
+      a2a.dispatch_recv(d, stream);
+      ev.record(i, 2, stream);
+      a2a.combine_send(cb, stream);
+      ev.record(i, 3, stream);
+      a2a.combine_recv(cb, stream);
+      ev.record(i, 4, stream);
+    }
+    finish();
+    set_median_p99(summarize_slowest(comm, ev.span_us(0, 1)), row.dispatch_send_us_median, row.dispatch_send_us_p99);
+    set_median_p99(summarize_slowest(comm, ev.span_us(1, 2)), row.dispatch_recv_us_median, row.dispatch_recv_us_p99);
+    set_median_p99(summarize_slowest(comm, ev.span_us(2, 3)), row.combine_send_us_median, row.combine_send_us_p99);
+    set_median_p99(summarize_slowest(comm, ev.span_us(3, 4)), row.combine_recv_us_median, row.combine_recv_us_p99);
+    set_median_p99(summarize_slowest(comm, ev.span_us(0, 4)), row.split_total_us_median, row.split_total_us_p99);
+  }
+
+  // Fused calls: the headline dispatch / combine / total.
+  warm_up();
+  {
+    EventGrid ev(n, 3);
+    for (int i = 0; i < n; ++i) {
+      comm.barrier_on_stream(stream);
+      ev.record(i, 0, stream);
+      a2a.dispatch(d, stream);
+      ev.record(i, 1, stream);
+      a2a.combine(cb, stream);
+      ev.record(i, 2, stream);
+    }
+    finish();
+    set_median_p99(summarize_slowest(comm, ev.span_us(0, 1)), row.dispatch_us_median, row.dispatch_us_p99);
+    set_median_p99(summarize_slowest(comm, ev.span_us(1, 2)), row.combine_us_median, row.combine_us_p99);
+    set_median_p99(summarize_slowest(comm, ev.span_us(0, 2)), row.total_us_median, row.total_us_p99);
+    row.samples = n;
+  }
+
+  // Graph replay: graph_iters dispatch+combine pairs per launch, so launch gaps are the graph's, not
+  // the host's; each sample is one replay divided by graph_iters.
+  {
+    Graph g;
+    cuda_check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+    try {
+      for (int i = 0; i < opt.graph_iters; ++i) {
+        a2a.dispatch(d, stream);
+        a2a.combine(cb, stream);
+      }
+    } catch (...) {
+      cudaStreamEndCapture(stream, &g.graph);
+      throw;
+    }
+    cuda_check(cudaStreamEndCapture(stream, &g.graph), "cudaStreamEndCapture");
+    cuda_check(cudaGraphInstantiate(&g.exec, g.graph, 0), "cudaGraphInstantiate");
+    for (int i = 0; i < 2; ++i) cuda_check(cudaGraphLaunch(g.exec, stream), "cudaGraphLaunch");
+    finish();
+    EventGrid ev(n, 2);
+    for (int i = 0; i < n; ++i) {
+      comm.barrier_on_stream(stream);
+      ev.record(i, 0, stream);
+      cuda_check(cudaGraphLaunch(g.exec, stream), "cudaGraphLaunch");
+      ev.record(i, 1, stream);
+    }
+    finish();
+    std::vector<double> per_pair = ev.span_us(0, 1);
+    for (double& v : per_pair) v /= opt.graph_iters;
+    set_median_p99(summarize_slowest(comm, per_pair), row.graph_total_us_median, row.graph_total_us_p99);
+  }
+
+  row.dispatch_bytes_per_rank = bytes.dispatch_per_rank;
+  row.combine_bytes_per_rank = bytes.combine_per_rank;
+  row.dispatch_gbps = gb_per_s(bytes.dispatch_per_rank, row.dispatch_us_median);
+  row.combine_gbps = gb_per_s(bytes.combine_per_rank, row.combine_us_median);
+  row.dispatch_pct_of_ceiling = pct_of(row.dispatch_gbps, ceilings.p2p_gbps);
+  row.combine_pct_of_ceiling = pct_of(row.combine_gbps, ceilings.p2p_gbps);
+  return row;
+}
+
+}  // namespace epkit::bench

@@ -1,0 +1,36 @@
+// CUDA-event timing of repeated samples, and the cross-rank combination of their times.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <vector>
+
+#include "epkit/communicator.hpp"
+#include "stats.hpp"
+
+namespace epkit::bench {
+
+// `samples` x `marks` events, created up front so recording adds no allocation to the timed loop.
+class EventGrid {
+ public:
+  EventGrid(int samples, int marks);
+  ~EventGrid();
+  EventGrid(const EventGrid&) = delete;
+  EventGrid& operator=(const EventGrid&) = delete;
+
+  void record(int sample, int mark, cudaStream_t stream);
+  // Microseconds from mark `from` to mark `to` of every sample (call after the stream is synchronised).
+  std::vector<double> span_us(int from, int to) const;
+
+ private:
+  int samples_, marks_;
+  std::vector<cudaEvent_t> events_;
+};
+
+// Per-sample maximum over all ranks of this rank's samples (collective; every rank gets the result).
+std::vector<double> slowest_rank(const Communicator& comm, const std::vector<double>& mine);
+
+// slowest_rank, then summarize.
+Summary summarize_slowest(const Communicator& comm, const std::vector<double>& mine);
+
+}  // namespace epkit::bench
