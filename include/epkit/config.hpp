@@ -43,6 +43,11 @@ int effective_capacity(const AllToAllConfig& cfg);    // capacity or M * (W / D)
 int max_tokens_per_sender(const AllToAllConfig& cfg); // ceil(M / D): tokens one rank of a group sends
 bool has_scales(const AllToAllConfig& cfg);           // dispatch_dtype is fp8
 int resolved_timeout_ms(const AllToAllConfig& cfg);   // timeout_ms with the env default applied
+// The rank of DP group `group` that sends the group's token `token` in dispatch: tokens are dealt
+// round-robin over the group's D ranks (token t goes out from group * D + t % D).
+inline int dp_sender_rank(const AllToAllConfig& cfg, int group, int token) {
+  return group * cfg.dp_size + token % cfg.dp_size;
+}
 
 // The fields every rank must agree on, as (name, value) pairs; rank-specific fields are left out.
 std::vector<std::pair<std::string, int64_t>> agreement_fields(const AllToAllConfig& cfg);

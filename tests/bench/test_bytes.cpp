@@ -60,12 +60,12 @@ TEST(BenchBytes, AlgorithmicBytesOverGroups) {
   EXPECT_DOUBLE_EQ(b.combine_per_rank, 3.0 * 7168 * 2 / 2);
 }
 
-TEST(BenchBytes, DpGroupSplitsTokensContiguously) {
+TEST(BenchBytes, DpGroupDealsTokensRoundRobin) {
   AllToAllConfig c = decode_cfg(4, 2);  // groups {0,1} and {2,3}
-  EXPECT_EQ(dp_sender_rank(c, 0, 0, 5), 0);
-  EXPECT_EQ(dp_sender_rank(c, 0, 2, 5), 0);  // ceil(5/2) = 3 tokens per sender
-  EXPECT_EQ(dp_sender_rank(c, 0, 3, 5), 1);
-  EXPECT_EQ(dp_sender_rank(c, 1, 4, 5), 3);
+  EXPECT_EQ(epkit::dp_sender_rank(c, 0, 0), 0);
+  EXPECT_EQ(epkit::dp_sender_rank(c, 0, 2), 0);  // round-robin over the group's 2 ranks
+  EXPECT_EQ(epkit::dp_sender_rank(c, 0, 3), 1);
+  EXPECT_EQ(epkit::dp_sender_rank(c, 1, 4), 2);
   c.experts_per_token = 1;
   // Group 0, 2 tokens: token 0 sent by rank 0 to expert 70 (rank 1, remote); token 1 sent by rank 1 to rank 1 (local).
   std::vector<std::vector<int32_t>> groups = {{70, 80}, {0, 0}};

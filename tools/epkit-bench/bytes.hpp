@@ -10,8 +10,7 @@
 //   combine:  the same pairs, each bringing back H * sizeof(combine out dtype).
 //
 // With dp_size D > 1 the D ranks of a group hold the same m tokens and each token leaves the group
-// once; the benchmark assumes the balanced split in which group member j sends tokens
-// [j * ceil(m/D), (j+1) * ceil(m/D)), so "own rank" is that sender. Delivering the combined result
+// once, from the group member epkit::dp_sender_rank names (round-robin), so "own rank" is that sender. Delivering the combined result
 // to the other D-1 group members is the library's business and is not counted.
 #pragma once
 
@@ -41,12 +40,6 @@ inline size_t combine_token_bytes(const AllToAllConfig& cfg) {
 // Rank holding expert e (config.hpp: expert e lives on rank e / (E / W)).
 inline int expert_owner_rank(const AllToAllConfig& cfg, int expert) {
   return expert / (cfg.num_experts / cfg.world_size);
-}
-
-// The rank of DP group `group` that sends token `token` of the group's m tokens (see the header).
-inline int dp_sender_rank(const AllToAllConfig& cfg, int group, int token, int num_tokens) {
-  const int per_sender = (num_tokens + cfg.dp_size - 1) / cfg.dp_size;
-  return group * cfg.dp_size + (per_sender > 0 ? token / per_sender : 0);
 }
 
 // Distinct destination ranks of one token's top-k row other than `sender`. Indices outside [0, E)
@@ -81,7 +74,7 @@ inline AlgorithmicBytes algorithmic_bytes(const AllToAllConfig& cfg,
   AlgorithmicBytes b;
   for (size_t g = 0; g < group_topk.size(); ++g) {
     for (int t = 0; t < num_tokens; ++t) {
-      const int sender = dp_sender_rank(cfg, static_cast<int>(g), t, num_tokens);
+      const int sender = epkit::dp_sender_rank(cfg, static_cast<int>(g), t);
       b.pairs += static_cast<uint64_t>(
           remote_destinations(cfg, group_topk[g].data() + static_cast<size_t>(t) * cfg.experts_per_token, sender));
     }
