@@ -29,7 +29,7 @@ rc=0
 ( cd "$BUILD" && ctest -L cpu --output-on-failure ) > "$LOG/cpu-tests.log" 2>&1 || rc=1
 tail -3 "$LOG/cpu-tests.log"
 t0=$(date +%s)
-( cd "$BUILD" && ctest -L gpu --output-on-failure ${TESTS:+-R "$TESTS"} ) > "$LOG/gpu-tests.log" 2>&1 || rc=1
+( cd "$BUILD" && ctest -L gpu --output-on-failure ${CTEST_TIMEOUT:+--timeout "$CTEST_TIMEOUT"} ${TESTS:+-R "$TESTS"} ) > "$LOG/gpu-tests.log" 2>&1 || rc=1
 echo "gpu suite: $(( $(date +%s) - t0 )) s"
 grep -E "Test +#|tests passed|Failed|SKIP" "$LOG/gpu-tests.log" | tail -20
 if [ "$BENCH" = 1 ] && [ -x "$BUILD/bin/epkit-bench" ]; then
