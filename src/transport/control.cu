@@ -87,7 +87,13 @@ void control_init(int world_size) {
   EPKIT_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&g.timed_out_dev), g.timed_out, 0));
   EPKIT_CUDA_CHECK(cudaStreamCreateWithFlags(&g.stream, cudaStreamNonBlocking));
   EPKIT_CUDA_CHECK(cudaDeviceSynchronize());
-  control_barrier();  // nobody signals into a block that is not zeroed yet... after this one, at least
+  // No peer may signal into a counter that is not zeroed yet (its signal would be wiped and the
+  // first barrier would wait forever). nvshmem_malloc is collective and synchronising, so a
+  // throw-away allocation after the memset orders every rank's zeroing before any first signal.
+  void* fence = nvshmem_malloc(256);
+  EPKIT_CHECK(fence != nullptr, "nvshmem_malloc of 256 bytes failed");
+  nvshmem_free(fence);
+  control_barrier();
 }
 
 void control_finalize() {
