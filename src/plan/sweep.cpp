@@ -34,7 +34,7 @@ std::vector<size_t> pareto_frontier(const std::vector<PlanPoint>& points, int ep
     if (points[i].config.ep == ep && points[i].fits) idx.push_back(i);
   // Sort by speed (desc), then throughput (desc); a point is on the frontier when its throughput beats
   // every faster-or-equal point's.
-  std::sort(idx.begin(), idx.end(), [&](size_t a, size_t b) {
+  std::stable_sort(idx.begin(), idx.end(), [&](size_t a, size_t b) {
     const auto &pa = points[a], &pb = points[b];
     if (pa.output_tokens_per_s_per_request != pb.output_tokens_per_s_per_request)
       return pa.output_tokens_per_s_per_request > pb.output_tokens_per_s_per_request;
