@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <fstream>
 #include <sstream>
+#include <string_view>
 
 #include "epkit/error.hpp"
 
@@ -131,14 +132,10 @@ class Parser {
   }
 
   static void append_utf8(std::string& out, unsigned cp) {
-    if (cp < 0x80) { out += char(cp); return; }
-    if (cp < 0x800) { out += char(0xC0 | (cp >> 6)); out += char(0x80 | (cp & 0x3F)); return; }
-    if (cp < 0x10000) {
-      out += char(0xE0 | (cp >> 12)); out += char(0x80 | ((cp >> 6) & 0x3F)); out += char(0x80 | (cp & 0x3F));
-      return;
-    }
-    out += char(0xF0 | (cp >> 18)); out += char(0x80 | ((cp >> 12) & 0x3F));
-    out += char(0x80 | ((cp >> 6) & 0x3F)); out += char(0x80 | (cp & 0x3F));
+    const int extra = cp < 0x80 ? 0 : cp < 0x800 ? 1 : cp < 0x10000 ? 2 : 3;
+    static constexpr unsigned char kLead[] = {0x00, 0xC0, 0xE0, 0xF0};
+    out += char(kLead[extra] | (cp >> (6 * extra)));
+    for (int i = extra - 1; i >= 0; --i) out += char(0x80 | ((cp >> (6 * i)) & 0x3F));
   }
 
   std::string parse_string() {
@@ -152,31 +149,23 @@ class Parser {
       if (c != '\\') { out += c; continue; }
       if (pos_ >= s_.size()) fail("unterminated escape");
       char e = s_[pos_++];
-      switch (e) {
-        case '"': out += '"'; break;
-        case '\\': out += '\\'; break;
-        case '/': out += '/'; break;
-        case 'b': out += '\b'; break;
-        case 'f': out += '\f'; break;
-        case 'n': out += '\n'; break;
-        case 'r': out += '\r'; break;
-        case 't': out += '\t'; break;
-        case 'u': {
-          unsigned cp = hex4();
-          if (cp >= 0xD800 && cp < 0xDC00) {  // high surrogate: a low one must follow
-            if (pos_ + 2 > s_.size() || s_[pos_] != '\\' || s_[pos_ + 1] != 'u') fail("lone high surrogate");
-            pos_ += 2;
-            unsigned lo = hex4();
-            if (lo < 0xDC00 || lo >= 0xE000) fail("bad low surrogate");
-            cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
-          } else if (cp >= 0xDC00 && cp < 0xE000) {
-            fail("lone low surrogate");
-          }
-          append_utf8(out, cp);
-          break;
-        }
-        default: --pos_; fail(std::string("bad escape '\\") + e + "'");
+      static constexpr std::string_view kEscapes = "\"\\/bfnrt", kMeanings = "\"\\/\b\f\n\r\t";
+      if (size_t k = kEscapes.find(e); k != std::string_view::npos) {
+        out += kMeanings[k];
+        continue;
       }
+      if (e != 'u') { --pos_; fail(std::string("bad escape '\\") + e + "'"); }
+      unsigned cp = hex4();
+      if (cp >= 0xD800 && cp < 0xDC00) {  // high surrogate: a low one must follow
+        if (pos_ + 2 > s_.size() || s_[pos_] != '\\' || s_[pos_ + 1] != 'u') fail("lone high surrogate");
+        pos_ += 2;
+        unsigned lo = hex4();
+        if (lo < 0xDC00 || lo >= 0xE000) fail("bad low surrogate");
+        cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+      } else if (cp >= 0xDC00 && cp < 0xE000) {
+        fail("lone low surrogate");
+      }
+      append_utf8(out, cp);
     }
   }
 };
@@ -184,25 +173,21 @@ class Parser {
 void dump_string(std::string& out, const std::string& s) {
   out += '"';
   for (unsigned char c : s) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      default:
-        if (c < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof buf, "\\u%04x", c);
-          out += buf;
-        } else {
-          out += char(c);
-        }
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += char(c);
+    } else if (c == '\n') {
+      out += "\\n";
+    } else if (c < 0x20) {  // other control characters: the generic escape is valid everywhere
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", c);
+      out += buf;
+    } else {
+      out += char(c);
     }
   }
   out += '"';
 }
-
 void dump_number(std::string& out, double d) {
   // JSON has no NaN/Inf; an infeasible quantity is written as null rather than an invalid token.
   if (!std::isfinite(d)) { out += "null"; return; }
@@ -217,26 +202,18 @@ void dump_number(std::string& out, double d) {
 
 }  // namespace
 
-bool Json::as_bool(const std::string& what) const {
-  EPKIT_CHECK(is_bool(), what, ": expected bool, got ", type_name(*this));
-  return std::get<bool>(v_);
+// One template for the typed accessors: the error names the field and both types.
+template <typename T>
+static const T& typed(const std::variant<std::nullptr_t, bool, double, std::string, Json::Array, Json::Object>& v,
+                      const Json& self, const std::string& what, const char* want) {
+  EPKIT_CHECK(std::holds_alternative<T>(v), what, ": expected ", want, ", got ", type_name(self));
+  return std::get<T>(v);
 }
-double Json::as_number(const std::string& what) const {
-  EPKIT_CHECK(is_number(), what, ": expected number, got ", type_name(*this));
-  return std::get<double>(v_);
-}
-const std::string& Json::as_string(const std::string& what) const {
-  EPKIT_CHECK(is_string(), what, ": expected string, got ", type_name(*this));
-  return std::get<std::string>(v_);
-}
-const Json::Array& Json::as_array(const std::string& what) const {
-  EPKIT_CHECK(is_array(), what, ": expected array, got ", type_name(*this));
-  return std::get<Array>(v_);
-}
-const Json::Object& Json::as_object(const std::string& what) const {
-  EPKIT_CHECK(is_object(), what, ": expected object, got ", type_name(*this));
-  return std::get<Object>(v_);
-}
+bool Json::as_bool(const std::string& what) const { return typed<bool>(v_, *this, what, "bool"); }
+double Json::as_number(const std::string& what) const { return typed<double>(v_, *this, what, "number"); }
+const std::string& Json::as_string(const std::string& what) const { return typed<std::string>(v_, *this, what, "string"); }
+const Json::Array& Json::as_array(const std::string& what) const { return typed<Array>(v_, *this, what, "array"); }
+const Json::Object& Json::as_object(const std::string& what) const { return typed<Object>(v_, *this, what, "object"); }
 
 const Json* Json::find(const std::string& key) const {
   for (const auto& [k, v] : as_object("lookup of '" + key + "'"))

@@ -20,6 +20,14 @@ TEST(PlanJson, UnicodeEscapes) {
   EXPECT_THROW(Json::parse(R"("\ud83d")"), epkit::Error);
 }
 
+TEST(PlanJson, SimpleEscapesAndControlCharacters) {
+  const Json j = Json::parse(R"("q\"b\\s\/b\bf\fn\nr\rt\tu\u0001")");
+  EXPECT_EQ(j.as_string(), std::string("q\"b\\s/b\bf\fn\nr\rt\tu\x01"));
+  EXPECT_EQ(Json::parse(j.dump()).as_string(), j.as_string());
+  EXPECT_THROW(Json::parse(R"("\x")"), epkit::Error);
+  EXPECT_THROW(Json::parse(R"("\u12g4")"), epkit::Error);
+}
+
 TEST(PlanJson, RejectsMalformedInput) {
   for (const char* bad : {"", "{", "[1,]", "{\"a\":1,}", "01", "+1", "1.", ".5", "NaN", "\"abc", "tru", "[1] 2",
                           "{\"a\" 1}", "\"a\tb\"", "{1:2}"}) {
