@@ -1,11 +1,11 @@
 // JSON, CSV and text forms of planner results.
 #include "epkit/plan/report.hpp"
 
-#include "epkit/plan/sweep.hpp"
-
 #include <algorithm>
 #include <cstdio>
 #include <sstream>
+
+#include "epkit/plan/sweep.hpp"
 
 namespace epkit::plan {
 
