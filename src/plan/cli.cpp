@@ -135,7 +135,7 @@ int cmd_explain(const std::vector<std::string>& args, std::ostream& out) {
   c.ep = a.integer("--ep", 8, 1, 1 << 16);
   c.tp = a.integer("--tp", 1, 1, 1 << 10);
   c.batch = a.integer("--batch", 1, 1, 1 << 20);
-  c.query_len = a.integer("--query-len", 2, 1, 64);
+  c.query_len = a.integer("--query-len", 1 + m.mtp_draft_tokens, 1, 64);
   c.acceptance = a.number("--acceptance", 0.6, 0, 1);
   c.context = a.integer("--context", 5000, 1, 10'000'000);
   c.schedule = parse_schedule(a.str("--schedule", "none"));
@@ -178,7 +178,7 @@ int cmd_sweep(const std::vector<std::string>& args, size_t first, std::ostream& 
       start = comma + 1;
     }
   }
-  s.query_len = a.integer("--query-len", 2, 1, 64);
+  s.query_len = a.integer("--query-len", 1 + s.model.mtp_draft_tokens, 1, 64);
   s.acceptance = a.number("--acceptance", 0.6, 0, 1);
   s.context = a.integer("--context", 5000, 1, 10'000'000);
   s.efficiency = parse_efficiency(a);
@@ -285,7 +285,7 @@ int cmd_roofline(const std::vector<std::string>& args, std::ostream& out) {
         DeployConfig c;
         c.ep = ep;
         c.batch = b;
-        c.query_len = a.integer("--query-len", 2, 1, 64);
+        c.query_len = a.integer("--query-len", 1 + m.mtp_draft_tokens, 1, 64);
         c.context = a.integer("--context", 5000, 1, 10'000'000);
         validate(c, m, g);
         const auto ops = moe_layer_ops(m, g, c, e, b, true, nullptr);
@@ -340,9 +340,10 @@ std::string cli_usage() {
              [--eff NAME=V,...] [--csv [--all] | --json]
       Sweeps EP x TP x batch x schedule and prints the Pareto frontier per EP. EPs up to the node size run
       on --single-gpu (default h200), larger ones on --multi-gpu (default h100-sxm).
-  epkit-plan explain --model M --gpu G --nodes N --ep E --tp T --batch B [--query-len 2] [--context 5000]
+  epkit-plan explain --model M --gpu G --nodes N --ep E --tp T --batch B [--query-len Q] [--context 5000]
              [--schedule none|dispatch|microbatch] [--calibrate FILE] [--json]
       Per-layer breakdown of one configuration. --batch counts requests per DP group (= per GPU at TP1).
+      --query-len defaults to 1 + the model's MTP draft tokens (2 for DeepSeek-V3, 1 for Mixtral).
   epkit-plan roofline [--gpus h100,h200] [--ep LIST] [--batch LIST] [--json]
       GEMM and GroupGEMM points of a MoE layer on the rooflines.
   epkit-plan specs

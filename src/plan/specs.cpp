@@ -78,7 +78,7 @@ ModelSpec model_from_json(const Json& j) {
   const std::string w = "model spec";
   check_keys(j, w, {"name", "note", "aliases", "num_layers", "num_dense_layers", "hidden", "vocab", "attention",
                     "moe", "dense_inter", "weight_bytes", "weight_block", "embedding_bytes", "kv_bytes",
-                    "dispatch_bytes", "combine_bytes"});
+                    "dispatch_bytes", "combine_bytes", "mtp_draft_tokens"});
   ModelSpec m;
   m.name = j.at("name").as_string(w + ".name");
   if (const Json* a = j.find("aliases"))
@@ -133,6 +133,7 @@ ModelSpec model_from_json(const Json& j) {
   m.kv_bytes = positive(j, "kv_bytes", w);
   m.dispatch_bytes = positive(j, "dispatch_bytes", w);
   m.combine_bytes = positive(j, "combine_bytes", w);
+  if (j.find("mtp_draft_tokens")) m.mtp_draft_tokens = integer(j, "mtp_draft_tokens", w, 0);
   return m;
 }
 
@@ -174,7 +175,8 @@ Json to_json(const ModelSpec& m) {
       .set("attention", att).set("moe", moe).set("dense_inter", m.dense_inter)
       .set("weight_bytes", m.weight_bytes).set("weight_block", m.weight_block)
       .set("embedding_bytes", m.embedding_bytes).set("kv_bytes", m.kv_bytes)
-      .set("dispatch_bytes", m.dispatch_bytes).set("combine_bytes", m.combine_bytes);
+      .set("dispatch_bytes", m.dispatch_bytes).set("combine_bytes", m.combine_bytes)
+      .set("mtp_draft_tokens", m.mtp_draft_tokens);
   return j;
 }
 

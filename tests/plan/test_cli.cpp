@@ -81,6 +81,17 @@ TEST(PlanCli, SweepTableCsvAndJson) {
   EXPECT_NE(j.at("summary").find("band_ratio_40_80"), nullptr);
 }
 
+TEST(PlanCli, QueryLengthFollowsTheModelsMtp) {
+  const Json ds = Json::parse(run({"explain", "--ep", "8", "--batch", "4", "--json"}));
+  EXPECT_DOUBLE_EQ(ds.at("config").at("query_len").as_number(), 2);
+  EXPECT_DOUBLE_EQ(ds.at("tokens_per_step").as_number(), 1.6);
+  const Json mx = Json::parse(run({"explain", "--model", "mixtral-8x7b", "--ep", "8", "--batch", "4", "--json"}));
+  EXPECT_DOUBLE_EQ(mx.at("config").at("query_len").as_number(), 1);
+  EXPECT_DOUBLE_EQ(mx.at("tokens_per_step").as_number(), 1);
+  const Json forced = Json::parse(run({"explain", "--model", "mixtral", "--query-len", "3", "--json"}));
+  EXPECT_DOUBLE_EQ(forced.at("config").at("query_len").as_number(), 3);
+}
+
 TEST(PlanCli, UserSpecFiles) {
   Json g = to_json(load_gpu("h100"));
   g.set("name", "my-gpu").set("hbm_capacity_gb", 192.0).set("network_gbit_per_s", 800.0);

@@ -60,6 +60,7 @@ struct ModelSpec {
   double kv_bytes = 2;            // KV-cache element
   double dispatch_bytes = 1;      // activation element sent by dispatch (1: FP8 + block scales)
   double combine_bytes = 2;       // expert-output element sent back by combine
+  int mtp_draft_tokens = 0;       // tokens the model's own MTP module drafts per step (DeepSeek-V3: 1)
 };
 
 // Parses a GPU spec object; throws epkit::Error naming a missing or out-of-range field.
