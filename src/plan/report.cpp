@@ -116,7 +116,12 @@ std::string csv(const std::vector<PlanPoint>& points, const std::vector<size_t>&
   std::ostringstream os;
   os << "model,gpu,ep,dp,tp,nodes,batch,schedule,fits,max_batch_per_gpu,weights_gb_per_gpu,tokens_per_expert,"
         "active_experts_per_gpu,layer_time_us,step_time_us,output_tokens_per_s_per_request,"
-        "throughput_tokens_per_s_per_node,measured_terms\n";
+        "throughput_tokens_per_s_per_node,measured_terms";
+  // Fixed breakdown columns so that every row has the same shape; absent categories are 0.
+  static const char* kCategories[] = {"attention", "gemm", "group_gemm", "shared_expert", "router",
+                                      "elementwise", "dispatch", "combine", "tp_allreduce"};
+  for (const char* k : kCategories) os << "," << k << "_us";
+  os << "\n";
   for (size_t i : rows) {
     const auto& p = points[i];
     std::string measured;
@@ -127,7 +132,14 @@ std::string csv(const std::vector<PlanPoint>& points, const std::vector<size_t>&
        << fmt("%.3f", p.routing.tokens_per_expert) << "," << fmt("%.3f", p.routing.active_experts_per_gpu) << ","
        << fmt("%.2f", p.moe_layer_time_us) << "," << fmt("%.2f", p.step_time_us) << ","
        << fmt("%.3f", p.output_tokens_per_s_per_request) << "," << fmt("%.1f", p.throughput_tokens_per_s_per_node)
-       << "," << measured << "\n";
+       << "," << measured;
+    for (const char* k : kCategories) {
+      double v = 0;
+      for (const auto& [name, us] : p.moe_breakdown_us)
+        if (name == k) v = us;
+      os << "," << fmt("%.2f", v);
+    }
+    os << "\n";
   }
   return os.str();
 }

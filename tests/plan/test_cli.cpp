@@ -1,6 +1,7 @@
 // The epkit-plan command line: explain's JSON fields, sweep outputs, user spec files, and input errors.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -70,6 +71,18 @@ TEST(PlanCli, SweepTableCsvAndJson) {
   EXPECT_NE(table.find("EP128 (16 x h100-sxm) Pareto frontier"), std::string::npos);
   const std::string csv = run({"--csv", "--ep", "8,128"});
   EXPECT_EQ(csv.rfind("model,gpu,ep,dp,tp", 0), 0u);
+  // Every line has as many fields as the header, breakdown columns included.
+  std::istringstream lines(csv);
+  std::string line, header;
+  std::getline(lines, header);
+  EXPECT_NE(header.find("group_gemm_us"), std::string::npos);
+  const auto fields = [](const std::string& l) { return std::count(l.begin(), l.end(), ',') + 1; };
+  int rows = 0;
+  while (std::getline(lines, line)) {
+    EXPECT_EQ(fields(line), fields(header)) << line;
+    ++rows;
+  }
+  EXPECT_GT(rows, 5);
   const Json j = Json::parse(run({"sweep", "--json", "--ep", "8,128", "--batch", "1,32,128"}));
   const auto& points = j.at("points").as_array();
   EXPECT_FALSE(points.empty());
