@@ -69,4 +69,6 @@ def arg(t, what):
     if code is None:
         raise EpkitError(f"{what} has dtype {t.dtype}, which epkit does not take")
     view = _VIEW_AS.get(t.dtype)
+    # detach: DLPack refuses tensors that require grad; the kernels never take part in autograd.
+    t = t.detach()
     return (t.view(view) if view is not None else t, int(code))
