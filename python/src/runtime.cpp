@@ -115,16 +115,18 @@ static void init(nb::bytes uid, int rank, int world_size) {
 static void finalize() {
   Runtime& rt = runtime();
   if (!rt.comm) return;
-  {
-    nb::gil_scoped_release release;
-    DeviceGuard guard(rt.comm->device());
-    // Creation order is the same on every rank, so the collective frees inside match up.
-    for (auto& a : rt.instances) a.reset();
-    rt.instances.clear();
-    rt.allocs.clear();  // the heap goes with NVSHMEM; tensors still alive must not free into it
-    ++g_generation;
-    rt.comm.reset();
-  }
+  // Detach everything while holding the GIL (capsule deleters read the same state under it), then
+  // run the collectives without it.
+  std::vector<std::shared_ptr<AllToAll>> instances = std::move(rt.instances);
+  rt.instances.clear();
+  std::unique_ptr<Communicator> c = std::move(rt.comm);
+  rt.allocs.clear();  // the heap goes with NVSHMEM; tensors still alive must not free into it
+  ++g_generation;
+  nb::gil_scoped_release release;
+  DeviceGuard guard(c->device());
+  // Creation order is the same on every rank, so the collective frees inside match up.
+  for (auto& a : instances) a.reset();
+  c.reset();
 }
 
 static nb::ndarray<nb::device::cuda, uint8_t, nb::ndim<1>> symmetric_malloc(size_t bytes) {
