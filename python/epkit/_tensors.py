@@ -1,10 +1,11 @@
-"""torch tensors to the (DLPack array, epkit dtype) pairs the extension takes.
+"""torch tensors to the (DLPack capsule, epkit dtype) pairs the extension takes.
 
 DLPack producers disagree on fp8 and unsigned 32-bit codes, so those travel as same-size views
 (uint8, int32) and the real type goes beside them. Nothing is copied.
 """
 
 import torch
+from torch.utils.dlpack import to_dlpack as _to_dlpack
 
 from ._lib import EpkitError, _C
 
@@ -71,4 +72,9 @@ def arg(t, what):
     view = _VIEW_AS.get(t.dtype)
     # detach: DLPack refuses tensors that require grad; the kernels never take part in autograd.
     t = t.detach()
-    return (t.view(view) if view is not None else t, int(code))
+    if view is not None:
+        t = t.view(view)
+    # A capsule from to_dlpack rather than the tensor itself: given a tensor, nanobind would call
+    # tensor.__dlpack__(), which (stream=None) makes the legacy default stream wait on the current
+    # one. That costs an event per tensor and breaks CUDA graph capture; to_dlpack touches no stream.
+    return (_to_dlpack(t), int(code))
