@@ -38,7 +38,7 @@ def _device():
 def _poisoned_dispatch_outputs(p: Problem):
     dev = _device()
     L, C = p.num_local_experts, p.capacity
-    # 0x7f bytes: NaN-like in 16-bit floats and 448 in fp8, never a legitimate copy of the inputs here.
+    # 0x7f bytes: NaN in fp8 e4m3fn and fp16, ~3e38 in bf16; never a copy of the random inputs.
     expert_x = torch.full((L, C, p.hidden * torch.empty((), dtype=p.payload).element_size()), 0x7F,
                           dtype=torch.uint8, device=dev).view(p.payload)
     expert_x_scale = None
@@ -127,7 +127,8 @@ def idiomatic(rank, world_size):
             groups = all_groups(p, 500 + it, dev)
             mine = groups[rank]
             if it == 0:
-                d = ata.dispatch(mine.x, mine.idx)
+                num_tokens, expert_x, expert_x_scale = _poisoned_dispatch_outputs(p)
+                d = ata.dispatch(mine.x, mine.idx, out=epkit.DispatchOutput(expert_x, expert_x_scale, num_tokens))
             else:
                 d = ata.dispatch_recv(ata.dispatch_send(mine.x, mine.idx, num_tokens=mine.m))
             torch.cuda.synchronize()
