@@ -23,7 +23,7 @@ from typing import Optional
 import torch
 
 from ._lib import EpkitError, _C
-from ._tensors import to_torch_dtype
+from ._tensors import as_tensor, to_torch_dtype
 from .all_to_all import DispatchOutput, ExpertAllToAll, _BOTH, _RECV, _SEND
 from .config import AllToAllConfig
 from .nvshmem import nvshmem_alloc_empty_unique_id, nvshmem_get_unique_id, nvshmem_init
@@ -110,10 +110,10 @@ class AllToAll:
         default_out = torch.bfloat16 if payload == torch.float8_e4m3fn else payload
         cin = self._combine_in or default_out
         cout = self._combine_out or default_out
-        if torch.cuda.is_current_stream_capturing():
-            raise EpkitError(f"the first dispatch creates the {payload} AllToAll, which cannot happen during "
-                             "CUDA graph capture: run one dispatch before capturing, or pass dispatch_dtype= "
-                             "to AllToAll.internode/intranode")
+        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            raise EpkitError(f"creating the {payload} AllToAll (at construction, or at the first dispatch for "
+                             "16-bit payloads) cannot happen during CUDA graph capture: run one dispatch before "
+                             "capturing, or pass dispatch_dtype= to AllToAll.internode/intranode")
         self._impl = ExpertAllToAll(AllToAllConfig(dispatch_dtype=payload, combine_in_dtype=cin,
                                                    combine_out_dtype=cout, **self._fields))
 
@@ -130,6 +130,7 @@ class AllToAll:
         """Shapes as in pplx-kernels: out_expert_x [E/W, max_num_tokens * (W / dp_size), H];
         indices [m, K] uint32; bound_m None (m = indices.shape[0]) or a one-element uint32 device tensor."""
         mode = _mode(do_send, do_recv)
+        dp_x, out_expert_x = as_tensor(dp_x, "dp_x"), as_tensor(out_expert_x, "out_expert_x")
         if self._impl is None and not self._destroyed:
             if dp_x.dtype not in (torch.bfloat16, torch.float16):
                 raise EpkitError(f"dp_x is {dp_x.dtype} but hidden_dim_bytes / hidden_dim = 2 needs bf16 or fp16")
@@ -145,6 +146,7 @@ class AllToAll:
         """out_tokens [>= m, H] bf16/fp16 receives sum_k weights[t, k] * expert_y(indices[t, k], t)."""
         mode = _mode(do_send, do_recv)
         impl = self._require("combine")
+        expert_y, out_tokens = as_tensor(expert_y, "expert_y"), as_tensor(out_tokens, "out_tokens")
         for name, t, want, kw in (("expert_y", expert_y, impl.combine_in_dtype, "combine_in_dtype"),
                                   ("out_tokens", out_tokens, impl.combine_out_dtype, "combine_out_dtype")):
             if t.dtype != want:
