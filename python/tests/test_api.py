@@ -4,6 +4,7 @@ import dataclasses
 
 import pytest
 
+pytest.importorskip("torch", reason="epkit's Python tests need torch")
 epkit = pytest.importorskip("epkit", reason="epkit is not installed: pip install --no-build-isolation --no-deps .",
                             exc_type=ImportError)
 import torch  # noqa: E402

@@ -3,9 +3,12 @@
 ones must fail them. Needs torch only."""
 
 import pytest
-import torch
 
-from _reference import FP8, Problem, all_groups, check_combine, check_dispatch, expert_forward
+pytest.importorskip("torch", reason="epkit's Python tests need torch")
+
+import torch  # noqa: E402
+
+from _reference import FP8, Problem, all_groups, check_combine, check_dispatch, expert_forward  # noqa: E402
 
 CPU = torch.device("cpu")
 
