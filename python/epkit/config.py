@@ -32,7 +32,7 @@ class AllToAllConfig:
     combine_in_dtype: DTypeLike = torch.bfloat16  # expert outputs: bf16, fp16 or fp32
     combine_out_dtype: DTypeLike = torch.bfloat16 # combined tokens: bf16 or fp16
     capacity: int = 0                   # slots per local expert; 0 means M * (W / D)
-    path: str = "auto"                  # "auto" (P2P loads/stores where possible) or "portable"
+    path: Union[str, "_C.DataPath"] = "auto"  # "auto" (P2P loads/stores where possible) or "portable"
     num_sms: int = 0                    # 0 means all SMs
     timeout_ms: int = -1                # -1 means env EPKIT_TIMEOUT_MS, else 10000
 
@@ -49,9 +49,12 @@ class AllToAllConfig:
         c.combine_in_dtype = to_epkit_dtype(self.combine_in_dtype)
         c.combine_out_dtype = to_epkit_dtype(self.combine_out_dtype)
         c.capacity = int(self.capacity)
-        if self.path not in _PATHS:
-            raise EpkitError(f"path {self.path!r} is not one of {sorted(_PATHS)}")
-        c.path = _PATHS[self.path]
+        if isinstance(self.path, _C.DataPath):
+            c.path = self.path
+        elif self.path in _PATHS:
+            c.path = _PATHS[self.path]
+        else:
+            raise EpkitError(f"path {self.path!r} is not one of {sorted(_PATHS)} (or an epkit.DataPath)")
         c.num_sms = int(self.num_sms)
         c.timeout_ms = int(self.timeout_ms)
         return c

@@ -44,6 +44,7 @@ def test_config_fields_are_the_cpp_fields():
         assert getattr(c, name) == getattr(cfg, name), name
     assert c.dispatch_dtype == epkit.DType.fp8_e4m3 and c.combine_out_dtype == epkit.DType.bf16
     assert c.path == epkit.DataPath.portable
+    assert dataclasses.replace(cfg, path=epkit.DataPath.auto).to_cpp().path == epkit.DataPath.auto
     with pytest.raises(epkit.EpkitError, match="path"):
         dataclasses.replace(cfg, path="nvlink").to_cpp()
     with pytest.raises(epkit.EpkitError, match="dtype"):
