@@ -84,6 +84,8 @@ def compat_round(ata, p: Problem, rank, seed, variant, rtol, tag):
     else:
         ata.dispatch(**kw)
     torch.cuda.synchronize()
+    if getattr(ata, "impl", None) is not None:
+        ata.impl.check()
     check_dispatch(p, rank, groups, num_tokens, expert_x, expert_x_scale, tag)
 
     expert_y = expert_forward(p, rank, expert_x, expert_x_scale, num_tokens)
