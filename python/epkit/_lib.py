@@ -1,9 +1,10 @@
 """Loads the compiled extension, making NVSHMEM's host library findable first.
 
-libepkit.so needs libnvshmem_host.so.3. Its rpath covers the nvidia-nvshmem wheel beside this
-package and the NVSHMEM it was built against; preloading from the installed ``nvidia.nvshmem``
-(or ``NVSHMEM_HOME``) also covers virtual environments and moved installs, and guarantees that the
-process uses one copy of NVSHMEM whatever torch loads later.
+libepkit.so needs libnvshmem_host.so.3. If the process already has one (torch's CUDA wheels load
+the nvidia-nvshmem wheel's at import), that copy is used. Otherwise it is preloaded from
+``NVSHMEM_HOME`` or the installed ``nvidia.nvshmem``, which covers virtual environments and moved
+installs beyond libepkit.so's rpath. The host library must be the NVSHMEM version epkit was built
+against (its device half is linked into libepkit.so).
 """
 
 import ctypes
@@ -28,7 +29,24 @@ def _nvshmem_dirs():
         yield os.path.join(root, "lib")
 
 
+def _loaded_nvshmem():
+    """The path of a libnvshmem_host already in this process (torch's CUDA wheels load one), if any:
+    a second copy from elsewhere would be a second NVSHMEM, and libepkit.so binds to the first
+    by soname anyway."""
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                if _NVSHMEM_HOST in line:
+                    return line.split(None, 5)[-1].strip()
+    except OSError:
+        pass
+    return None
+
+
 def _preload_nvshmem():
+    loaded = _loaded_nvshmem()
+    if loaded:
+        return loaded
     for d in _nvshmem_dirs():
         path = os.path.join(d, _NVSHMEM_HOST)
         if os.path.exists(path):
