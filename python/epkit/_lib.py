@@ -1,0 +1,64 @@
+"""Loads the compiled extension, making NVSHMEM's host library findable first.
+
+libepkit.so needs libnvshmem_host.so.3. If the process already has one (torch's CUDA wheels load
+the nvidia-nvshmem wheel's at import), that copy is used. Otherwise it is preloaded from
+``NVSHMEM_HOME`` or the installed ``nvidia.nvshmem``, which covers virtual environments and moved
+installs beyond libepkit.so's rpath. The host library must be the NVSHMEM version epkit was built
+against (its device half is linked into libepkit.so).
+"""
+
+import ctypes
+import os
+
+# torch first: it loads the CUDA runtime that the extension then shares (same soname), rather than a
+# second copy from the toolkit.
+import torch  # noqa: F401
+
+_NVSHMEM_HOST = "libnvshmem_host.so.3"
+
+
+def _nvshmem_dirs():
+    home = os.environ.get("NVSHMEM_HOME")
+    if home:
+        yield os.path.join(home, "lib")
+    try:
+        import nvidia.nvshmem as pkg
+    except ImportError:
+        return
+    for root in pkg.__path__:
+        yield os.path.join(root, "lib")
+
+
+def _loaded_nvshmem():
+    """The path of a libnvshmem_host already in this process (torch's CUDA wheels load one), if any:
+    a second copy from elsewhere would be a second NVSHMEM, and libepkit.so binds to the first
+    by soname anyway."""
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                if _NVSHMEM_HOST in line:
+                    return line.split(None, 5)[-1].strip()
+    except OSError:
+        pass
+    return None
+
+
+def _preload_nvshmem():
+    loaded = _loaded_nvshmem()
+    if loaded:
+        return loaded
+    for d in _nvshmem_dirs():
+        path = os.path.join(d, _NVSHMEM_HOST)
+        if os.path.exists(path):
+            # RTLD_GLOBAL so NVSHMEM's own plugins, loaded later, resolve against this copy.
+            ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+            return path
+    return None
+
+
+NVSHMEM_HOST_PATH = _preload_nvshmem()
+
+from . import _C  # noqa: E402
+
+EpkitError = _C.EpkitError
+EpkitError.__module__ = "epkit"  # shown in tracebacks as epkit.EpkitError

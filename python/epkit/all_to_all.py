@@ -1,0 +1,189 @@
+"""ExpertAllToAll: the idiomatic epkit API (keyword names of the C++ AllToAllConfig and call args).
+
+Every call launches on the caller's current CUDA stream of this PE's device, does not synchronise
+the host and allocates only what it is asked to return, so dispatch/combine can be captured in a
+torch.cuda.CUDAGraph when outputs are passed in (or allocated inside the capture).
+"""
+
+from typing import NamedTuple, Optional, Union
+
+import torch
+
+from ._lib import EpkitError, _C
+from ._tensors import arg
+from .config import AllToAllConfig
+
+NumTokens = Union[None, int, torch.Tensor]
+
+_BOTH, _SEND, _RECV = 0, 1, 2
+
+
+class DispatchOutput(NamedTuple):
+    expert_x: torch.Tensor                   # [E/W, capacity, H] dispatch dtype
+    expert_x_scale: Optional[torch.Tensor]   # [E/W, capacity, ceil(H/128)] fp32, fp8 only
+    expert_num_tokens: torch.Tensor          # [E/W] int32: valid slots per local expert
+
+
+class _Pending(NamedTuple):
+    """What a send half was given; the receive half takes the same arguments."""
+    args: tuple
+    result: object
+
+
+def _stream() -> int:
+    return torch.cuda.current_stream(_C.device()).cuda_stream
+
+
+def _num_tokens(num_tokens: NumTokens, topk_idx):
+    """(host m or -1, device count arg or None). None means m = topk_idx.shape[0]."""
+    if num_tokens is None:
+        return int(topk_idx.shape[0]), None
+    if isinstance(num_tokens, torch.Tensor):
+        return -1, arg(num_tokens, "num_tokens")
+    return int(num_tokens), None
+
+
+class ExpertAllToAll:
+    """Expert-parallel dispatch and combine over NVSHMEM. Construction is collective.
+
+    ``ExpertAllToAll(AllToAllConfig(...))`` or ``ExpertAllToAll(num_experts=..., hidden=..., ...)``.
+    Call destroy() (collective) when done, or use it as a context manager; an object dropped without
+    it keeps its symmetric memory until nvshmem_finalize(), because freeing is collective.
+    """
+
+    def __init__(self, config: Optional[AllToAllConfig] = None, /, **fields):
+        if config is None:
+            config = AllToAllConfig(**fields)
+        elif fields:
+            raise TypeError("pass either an AllToAllConfig or its fields as keywords, not both")
+        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            raise EpkitError("AllToAll cannot be created during CUDA graph capture (it allocates and "
+                             "synchronises with peers); create it before capturing")
+        self.config = config
+        self._dtypes = config.torch_dtypes()
+        self._impl = _C.AllToAll(config.to_cpp())
+        cpp = self._impl.config
+        self.num_local_experts = cpp.num_local_experts()
+        self.capacity = cpp.effective_capacity()
+        self.scales_per_token = cpp.scales_per_token()
+        self.device = torch.device("cuda", _C.device())
+
+    # -- properties of the C++ object ------------------------------------------------------------
+    @property
+    def symmetric_bytes(self) -> int:
+        return self._impl.symmetric_bytes
+
+    @property
+    def workspace_bytes(self) -> int:
+        return self._impl.workspace_bytes
+
+    @property
+    def num_p2p_peers(self) -> int:
+        return self._impl.num_p2p_peers
+
+    @property
+    def dispatch_dtype(self) -> torch.dtype:
+        return self._dtypes[0]
+
+    @property
+    def combine_in_dtype(self) -> torch.dtype:
+        return self._dtypes[1]
+
+    @property
+    def combine_out_dtype(self) -> torch.dtype:
+        return self._dtypes[2]
+
+    # -- outputs ---------------------------------------------------------------------------------
+    def empty_dispatch_output(self) -> DispatchOutput:
+        """Uninitialized dispatch outputs of the right shapes and dtypes on this PE's device."""
+        L, C, H = self.num_local_experts, self.capacity, self.config.hidden
+        scale = None
+        if self.scales_per_token:
+            scale = torch.empty((L, C, self.scales_per_token), dtype=torch.float32, device=self.device)
+        return DispatchOutput(
+            torch.empty((L, C, H), dtype=self.dispatch_dtype, device=self.device),
+            scale,
+            torch.empty((L,), dtype=torch.int32, device=self.device),
+        )
+
+    def empty_combine_output(self, num_rows: Optional[int] = None) -> torch.Tensor:
+        """Uninitialized combine output [num_rows or max_tokens_per_rank, H] in combine_out dtype."""
+        rows = self.config.max_tokens_per_rank if num_rows is None else num_rows
+        return torch.empty((rows, self.config.hidden), dtype=self.combine_out_dtype, device=self.device)
+
+    # -- dispatch --------------------------------------------------------------------------------
+    def _dispatch(self, mode, x, topk_idx, x_scale, num_tokens, out: DispatchOutput):
+        m, m_dev = _num_tokens(num_tokens, topk_idx)
+        self._impl.dispatch(mode, arg(x, "x"), arg(x_scale, "x_scale"), arg(topk_idx, "topk_idx"), m, m_dev,
+                            arg(out.expert_x, "expert_x"), arg(out.expert_x_scale, "expert_x_scale"),
+                            arg(out.expert_num_tokens, "expert_num_tokens"), _stream())
+
+    def dispatch(self, x, topk_idx, x_scale=None, *, num_tokens: NumTokens = None,
+                 out: Optional[DispatchOutput] = None) -> DispatchOutput:
+        """Sends each token [m, H] to the ranks of its experts and returns the expert-major outputs.
+
+        topk_idx [m, K] int32/int64/uint32 (negative = no expert); x_scale [m, ceil(H/128)] fp32 for
+        fp8; num_tokens: None (m = topk_idx.shape[0]), an int, or a one-element int32/uint32 device
+        tensor (one CUDA graph serves any m).
+        """
+        out = out if out is not None else self.empty_dispatch_output()
+        self._dispatch(_BOTH, x, topk_idx, x_scale, num_tokens, out)
+        return out
+
+    def dispatch_send(self, x, topk_idx, x_scale=None, *, num_tokens: NumTokens = None,
+                      out: Optional[DispatchOutput] = None) -> _Pending:
+        """The send half; pass what it returns to dispatch_recv. Other work may run in between."""
+        out = out if out is not None else self.empty_dispatch_output()
+        self._dispatch(_SEND, x, topk_idx, x_scale, num_tokens, out)
+        return _Pending((x, topk_idx, x_scale, num_tokens, out), out)
+
+    def dispatch_recv(self, pending: _Pending) -> DispatchOutput:
+        self._dispatch(_RECV, *pending.args)
+        return pending.result
+
+    # -- combine ---------------------------------------------------------------------------------
+    def _combine(self, mode, expert_y, topk_idx, topk_weights, num_tokens, out):
+        m, m_dev = _num_tokens(num_tokens, topk_idx)
+        self._impl.combine(mode, arg(expert_y, "expert_y"), arg(topk_idx, "topk_idx"),
+                           arg(topk_weights, "topk_weights"), m, m_dev, arg(out, "out"), _stream())
+
+    def combine(self, expert_y, topk_idx, topk_weights, *, num_tokens: NumTokens = None,
+                out: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Returns out[t] = sum_k topk_weights[t, k] * expert_y(topk_idx[t, k], t) for t < m.
+
+        expert_y [E/W, capacity, H] holds the expert outputs slot for slot as dispatched; topk_idx and
+        num_tokens as given to the matching dispatch; out defaults to [topk_idx.shape[0], H].
+        """
+        out = out if out is not None else self.empty_combine_output(topk_idx.shape[0])
+        self._combine(_BOTH, expert_y, topk_idx, topk_weights, num_tokens, out)
+        return out
+
+    def combine_send(self, expert_y, topk_idx, topk_weights, *, num_tokens: NumTokens = None,
+                     out: Optional[torch.Tensor] = None) -> _Pending:
+        out = out if out is not None else self.empty_combine_output(topk_idx.shape[0])
+        self._combine(_SEND, expert_y, topk_idx, topk_weights, num_tokens, out)
+        return _Pending((expert_y, topk_idx, topk_weights, num_tokens, out), out)
+
+    def combine_recv(self, pending: _Pending) -> torch.Tensor:
+        self._combine(_RECV, *pending.args)
+        return pending.result
+
+    # -- lifetime --------------------------------------------------------------------------------
+    def check(self) -> None:
+        """Raises EpkitError if a finished kernel recorded an error (synchronise the stream first)."""
+        self._impl.check()
+
+    def destroy(self) -> None:
+        """Frees the symmetric buffers. Collective; idempotent."""
+        self._impl.destroy()
+
+    @property
+    def alive(self) -> bool:
+        return self._impl.alive
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.destroy()
+        return False

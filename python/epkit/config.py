@@ -1,0 +1,85 @@
+"""AllToAllConfig: the Python face of epkit::AllToAllConfig, with the same field names."""
+
+from dataclasses import dataclass, fields
+from typing import Optional, Union
+
+import torch
+
+from ._lib import EpkitError, _C
+from ._tensors import to_epkit_dtype, to_torch_dtype
+
+DTypeLike = Union[torch.dtype, str]
+
+_PATHS = {"auto": _C.DataPath.auto, "portable": _C.DataPath.portable}
+
+
+@dataclass
+class AllToAllConfig:
+    """One expert-parallel dispatch/combine instance; fields and units as in include/epkit/config.hpp.
+
+    world_size and rank default to the NVSHMEM PE count and index. Dtypes take torch dtypes or names
+    ("bf16", "fp16", "fp32", "fp8_e4m3").
+    """
+
+    num_experts: int                    # E: routed experts, E % world_size == 0
+    experts_per_token: int              # K: top-k, 1..16
+    hidden: int                         # H: elements per token, a multiple of 16
+    max_tokens_per_rank: int            # M: most tokens one rank (one DP group) passes to dispatch
+    world_size: Optional[int] = None    # W
+    rank: Optional[int] = None
+    dp_size: int = 1                    # D: ranks per DP group, holding identical tokens
+    dispatch_dtype: DTypeLike = torch.bfloat16    # payload: bf16, fp16 or fp8_e4m3 (+ fp32 scales per 128)
+    combine_in_dtype: DTypeLike = torch.bfloat16  # expert outputs: bf16, fp16 or fp32
+    combine_out_dtype: DTypeLike = torch.bfloat16 # combined tokens: bf16 or fp16
+    capacity: int = 0                   # slots per local expert; 0 means M * (W / D)
+    path: Union[str, "_C.DataPath"] = "auto"  # "auto" (P2P loads/stores where possible) or "portable"
+    num_sms: int = 0                    # 0 means all SMs
+    timeout_ms: int = -1                # -1 means env EPKIT_TIMEOUT_MS, else 10000
+
+    def to_cpp(self) -> "_C.AllToAllConfig":
+        c = _C.AllToAllConfig()
+        c.world_size = int(self.world_size if self.world_size is not None else _C.n_pes())
+        c.rank = int(self.rank if self.rank is not None else _C.my_pe())
+        c.dp_size = int(self.dp_size)
+        c.num_experts = int(self.num_experts)
+        c.experts_per_token = int(self.experts_per_token)
+        c.hidden = int(self.hidden)
+        c.max_tokens_per_rank = int(self.max_tokens_per_rank)
+        c.dispatch_dtype = to_epkit_dtype(self.dispatch_dtype)
+        c.combine_in_dtype = to_epkit_dtype(self.combine_in_dtype)
+        c.combine_out_dtype = to_epkit_dtype(self.combine_out_dtype)
+        c.capacity = int(self.capacity)
+        if isinstance(self.path, _C.DataPath):
+            c.path = self.path
+        elif self.path in _PATHS:
+            c.path = _PATHS[self.path]
+        else:
+            raise EpkitError(f"path {self.path!r} is not one of {sorted(_PATHS)} (or an epkit.DataPath)")
+        c.num_sms = int(self.num_sms)
+        c.timeout_ms = int(self.timeout_ms)
+        return c
+
+    def validate(self) -> None:
+        """Raises EpkitError naming the first field out of range (the C++ validate)."""
+        self.to_cpp().validate()
+
+    # Derived quantities, by the C++ formulas (one source of truth).
+    @property
+    def num_local_experts(self) -> int:
+        return self.to_cpp().num_local_experts()
+
+    @property
+    def effective_capacity(self) -> int:
+        return self.to_cpp().effective_capacity()
+
+    @property
+    def scales_per_token(self) -> int:
+        return self.to_cpp().scales_per_token()
+
+    def torch_dtypes(self):
+        """(dispatch, combine_in, combine_out) as torch dtypes."""
+        return tuple(to_torch_dtype(d) for d in (self.dispatch_dtype, self.combine_in_dtype, self.combine_out_dtype))
+
+    @classmethod
+    def field_names(cls):
+        return [f.name for f in fields(cls)]

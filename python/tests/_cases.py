@@ -1,0 +1,295 @@
+"""Test bodies that run on every rank (see _harness.run_ranks). Each raises AssertionError with a
+tag naming world size, dp size, payload, variant and rank."""
+
+import gc
+
+import torch
+
+import epkit
+from _reference import FP8, Problem, all_groups, check_combine, check_dispatch, expert_forward
+
+# payload -> (combine in, combine out, rtol of combine against the fp32 reference)
+PAYLOADS = {
+    "bf16": (torch.bfloat16, torch.bfloat16, torch.bfloat16, 1e-2),
+    "fp16": (torch.float16, torch.float16, torch.float16, 2e-3),
+    "fp8": (FP8, torch.bfloat16, torch.bfloat16, 1e-2),
+}
+HIDDEN = 1088          # a multiple of 16 that is not one of 128: the last fp8 scale block is partial
+MAX_TOKENS = 24
+TOP_K = 3
+
+
+def problem(world_size, dp_size, payload):
+    d, cin, cout, _ = PAYLOADS[payload]
+    return Problem(world_size, dp_size, num_experts=4 * world_size, experts_per_token=TOP_K, hidden=HIDDEN,
+                   max_tokens=MAX_TOKENS, payload=d, combine_in=cin, combine_out=cout)
+
+
+def as_u32(t):
+    """uint32 indices as pplx takes them; built through int32 because torch implements few kernels
+    (casts, fills) for uint32 itself."""
+    return t.to(torch.int32).view(torch.uint32)
+
+
+def _device():
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+def _poisoned_dispatch_outputs(p: Problem):
+    dev = _device()
+    L, C = p.num_local_experts, p.capacity
+    # 0x7f bytes: NaN in fp8 e4m3fn and fp16, ~3e38 in bf16; never a copy of the random inputs.
+    expert_x = torch.full((L, C, p.hidden * torch.empty((), dtype=p.payload).element_size()), 0x7F,
+                          dtype=torch.uint8, device=dev).view(p.payload)
+    expert_x_scale = None
+    if p.num_scales:
+        expert_x_scale = torch.full((L, C, p.num_scales), float("nan"), device=dev)
+    expert_num_tokens = torch.full((L,), -7, dtype=torch.int32, device=dev)
+    return expert_num_tokens, expert_x, expert_x_scale
+
+
+def _padded(gi, p: Problem, rows):
+    """The group's inputs padded to `rows` rows; padding rows route to real experts so a kernel reading
+    past m would be caught."""
+    dev = gi.x.device
+    pad = rows - gi.m
+    g = torch.Generator(device="cpu").manual_seed(12345 + gi.m)
+    pad_idx = torch.rand(pad, p.num_experts, generator=g).topk(p.experts_per_token, dim=1).indices.to(dev)
+    x = torch.cat([gi.x, torch.full((pad, p.hidden), 3.0, device=dev).to(p.payload)])
+    scale = None if gi.x_scale is None else torch.cat([gi.x_scale, torch.full((pad, p.num_scales), 9.0, device=dev)])
+    idx = as_u32(torch.cat([gi.idx, pad_idx]))
+    w = torch.cat([gi.weights, torch.full((pad, p.experts_per_token), 5.0, device=dev)])
+    return x, scale, idx, w
+
+
+def compat_round(ata, p: Problem, rank, seed, variant, rtol, tag):
+    """One dispatch + expert + combine through the pplx-compatible API; checks both."""
+    dev = _device()
+    groups = all_groups(p, seed, dev)
+    mine = groups[rank // p.dp_size]
+    split = variant.startswith("split")
+    if variant.endswith("device_m"):
+        x, x_scale, idx, w = _padded(mine, p, p.max_tokens)
+        bound_m = torch.tensor([mine.m], dtype=torch.int32, device=dev).view(torch.uint32)
+    else:
+        x, x_scale, idx, w = mine.x, mine.x_scale, as_u32(mine.idx), mine.weights
+        bound_m = None
+    num_tokens, expert_x, expert_x_scale = _poisoned_dispatch_outputs(p)
+    kw = dict(out_expert_num_tokens=num_tokens, out_expert_x=expert_x, out_expert_x_scale=expert_x_scale,
+              dp_x=x, dp_x_scale=x_scale, indices=idx, bound_m=bound_m)
+    if split:
+        ata.dispatch(**kw, do_send=True, do_recv=False)
+        torch.randn(256, 256, device=dev).sum()  # other work between the halves
+        ata.dispatch(**kw, do_send=False, do_recv=True)
+    else:
+        ata.dispatch(**kw)
+    torch.cuda.synchronize()
+    if getattr(ata, "impl", None) is not None:
+        ata.impl.check()
+    check_dispatch(p, rank, groups, num_tokens, expert_x, expert_x_scale, tag)
+
+    expert_y = expert_forward(p, rank, expert_x, expert_x_scale, num_tokens)
+    out = torch.full((p.max_tokens, p.hidden), float("nan"), dtype=p.combine_out, device=dev)
+    kw = dict(out_tokens=out, indices=idx, weights=w, expert_y=expert_y, bound_m=bound_m)
+    if split:
+        ata.combine(**kw, do_send=True, do_recv=False)
+        ata.combine(**kw, do_send=False, do_recv=True)
+    else:
+        ata.combine(**kw)
+    torch.cuda.synchronize()
+    if getattr(ata, "impl", None) is not None:
+        ata.impl.check()  # a kernel-recorded error (timeout, overflow, bad index) says more than a mismatch
+    check_combine(p, mine, out, rtol, tag, untouched_from=mine.m)
+
+
+def compat_correctness(rank, world_size, dp_size, payloads):
+    for name in payloads:
+        p = problem(world_size, dp_size, name)
+        ata = epkit.AllToAll.internode(p.max_tokens, p.num_experts, p.experts_per_token, rank, world_size, dp_size,
+                                       p.hidden, p.hidden_dim_bytes, p.hidden_dim_scale_bytes)
+        for it, variant in enumerate(["fused_host_m", "split_device_m", "fused_device_m", "fused_host_m"]):
+            tag = f"W={world_size} dp={dp_size} {name} {variant}#{it} rank={rank}"
+            compat_round(ata, p, rank, seed=100 * it + 10 * dp_size + world_size, variant=variant,
+                         rtol=PAYLOADS[name][3], tag=tag)
+        ata.destroy()
+
+
+def idiomatic(rank, world_size):
+    """ExpertAllToAll with config keyword names: fp16 payload, fp32 expert outputs, bf16 output,
+    int64 indices, returned outputs and split halves."""
+    dev = _device()
+    p = Problem(world_size, 1, 4 * world_size, TOP_K, HIDDEN, MAX_TOKENS, torch.float16, torch.float32, torch.bfloat16)
+    cfg = epkit.AllToAllConfig(num_experts=p.num_experts, experts_per_token=TOP_K, hidden=HIDDEN,
+                               max_tokens_per_rank=MAX_TOKENS, dp_size=1, dispatch_dtype="fp16",
+                               combine_in_dtype=torch.float32, combine_out_dtype="bf16")
+    cfg.validate()
+    with epkit.ExpertAllToAll(cfg) as ata:
+        assert ata.num_local_experts == p.num_local_experts and ata.capacity == p.capacity
+        assert ata.symmetric_bytes > 0
+        for it in range(2):
+            tag = f"idiomatic#{it} rank={rank}"
+            groups = all_groups(p, 500 + it, dev)
+            mine = groups[rank]
+            if it == 0:
+                num_tokens, expert_x, expert_x_scale = _poisoned_dispatch_outputs(p)
+                d = ata.dispatch(mine.x, mine.idx, out=epkit.DispatchOutput(expert_x, expert_x_scale, num_tokens))
+            else:
+                d = ata.dispatch_recv(ata.dispatch_send(mine.x, mine.idx, num_tokens=mine.m))
+            torch.cuda.synchronize()
+            check_dispatch(p, rank, groups, d.expert_num_tokens, d.expert_x, d.expert_x_scale, tag)
+            y = expert_forward(p, rank, d.expert_x, d.expert_x_scale, d.expert_num_tokens)
+            if it == 0:
+                out = ata.combine(y, mine.idx, mine.weights)
+            else:
+                out = ata.combine_recv(ata.combine_send(y, mine.idx, mine.weights, num_tokens=mine.m))
+            torch.cuda.synchronize()
+            ata.check()
+            assert out.shape == (mine.m, HIDDEN) and out.dtype == torch.bfloat16
+            check_combine(p, mine, out, 1e-2, tag)
+    assert not ata.alive
+
+
+def cuda_graph(rank, world_size, dp_size, payloads):
+    """Captures dispatch -> experts -> combine in one torch.cuda.CUDAGraph with bound_m on the device,
+    then replays it for fresh inputs with different m."""
+    dev = _device()
+    for name in payloads:
+        p = problem(world_size, dp_size, name)
+        rtol = PAYLOADS[name][3]
+        ata = epkit.AllToAll.internode(p.max_tokens, p.num_experts, p.experts_per_token, rank, world_size, dp_size,
+                                       p.hidden, p.hidden_dim_bytes, p.hidden_dim_scale_bytes)
+        # Eager warm-up: creates the C++ object for 16-bit payloads (dtype seen at the first dispatch).
+        compat_round(ata, p, rank, seed=7, variant="fused_device_m", rtol=rtol, tag=f"graph warm-up {name} rank={rank}")
+
+        x = torch.zeros(p.max_tokens, p.hidden, device=dev).to(p.payload)
+        x_scale = torch.ones(p.max_tokens, p.num_scales, device=dev) if p.num_scales else None
+        idx = as_u32(torch.zeros(p.max_tokens, p.experts_per_token, dtype=torch.int32, device=dev))
+        w = torch.zeros(p.max_tokens, p.experts_per_token, device=dev)
+        bound_m = torch.zeros(1, dtype=torch.int32, device=dev).view(torch.uint32)
+        num_tokens, expert_x, expert_x_scale = _poisoned_dispatch_outputs(p)
+        expert_y = torch.empty(p.num_local_experts, p.capacity, p.hidden, dtype=p.combine_in, device=dev)
+        out = torch.empty(p.max_tokens, p.hidden, dtype=p.combine_out, device=dev)
+
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            ata.dispatch(num_tokens, expert_x, expert_x_scale, x, x_scale, idx, bound_m)
+            expert_y.copy_(expert_forward(p, rank, expert_x, expert_x_scale, num_tokens))
+            ata.combine(out, idx, w, expert_y, bound_m)
+
+        for it in range(3):
+            tag = f"graph W={world_size} dp={dp_size} {name} replay#{it} rank={rank}"
+            groups = all_groups(p, 900 + it, dev, m=[p.max_tokens, 5, 17][it])
+            mine = groups[rank // dp_size]
+            px, pscale, pidx, pw = _padded(mine, p, p.max_tokens)
+            x.copy_(px)
+            idx.copy_(pidx)
+            w.copy_(pw)
+            if x_scale is not None:
+                x_scale.copy_(pscale)
+            bound_m.view(torch.int32).fill_(mine.m)
+            poison = _poisoned_dispatch_outputs(p)
+            for dst, src in zip((num_tokens, expert_x, expert_x_scale), poison):
+                if dst is not None:
+                    dst.copy_(src)
+            out.fill_(float("nan"))
+            graph.replay()
+            torch.cuda.synchronize()
+            ata.impl.check()
+            check_dispatch(p, rank, groups, num_tokens, expert_x, expert_x_scale, tag)
+            check_combine(p, mine, out, rtol, tag, untouched_from=mine.m)
+        del graph
+        ata.destroy()
+
+
+def _expect_error(fn, *needles):
+    try:
+        fn()
+    except epkit.EpkitError as e:
+        msg = str(e)
+        for n in needles:
+            assert n in msg, f"EpkitError message {msg!r} does not mention {n!r}"
+        return
+    raise AssertionError(f"expected EpkitError mentioning {needles}")
+
+
+def errors(rank, world_size):
+    """Bad calls raise EpkitError with the C++ message, launch nothing, and leave the object usable."""
+    dev = _device()
+    _expect_error(lambda: epkit.nvshmem_init(epkit.nvshmem_alloc_empty_unique_id(), rank, world_size), "already initialized")
+    _expect_error(lambda: epkit.AllToAll.internode(MAX_TOKENS, 4 * world_size, TOP_K, rank, world_size, 1,
+                                                   HIDDEN, 3 * HIDDEN, 0), "hidden_dim_bytes")
+    p = problem(world_size, 1, "bf16")
+    ata = epkit.AllToAll.internode(p.max_tokens, p.num_experts, p.experts_per_token, rank, world_size, 1,
+                                   p.hidden, p.hidden_dim_bytes, 0)
+    compat_round(ata, p, rank, seed=1, variant="fused_host_m", rtol=1e-2, tag=f"errors before rank={rank}")
+
+    gi = all_groups(p, 2, dev)[rank]
+    idx = as_u32(gi.idx)
+    num_tokens, expert_x, _ = _poisoned_dispatch_outputs(p)
+
+    def dispatch(**over):
+        kw = dict(out_expert_num_tokens=num_tokens, out_expert_x=expert_x, out_expert_x_scale=None, dp_x=gi.x,
+                  dp_x_scale=None, indices=idx, bound_m=None)
+        kw.update(over)
+        ata.dispatch(**kw)
+
+    _expect_error(lambda: dispatch(out_expert_x=expert_x.float()), "out_expert_x")
+    wide = torch.zeros(gi.m, 2 * p.hidden, dtype=p.payload, device=dev)
+    _expect_error(lambda: dispatch(dp_x=wide[:, :p.hidden]), "x", "contiguous")
+    _expect_error(lambda: dispatch(indices=idx.cpu()), "topk_idx", "CUDA")
+    _expect_error(lambda: dispatch(bound_m=torch.zeros(2, dtype=torch.int32, device=dev).view(torch.uint32)), "num_tokens_device")
+    _expect_error(lambda: dispatch(do_send=False, do_recv=False), "do_send")
+    y = torch.zeros(p.num_local_experts, p.capacity, p.hidden, dtype=torch.float32, device=dev)
+    out = torch.zeros(p.max_tokens, p.hidden, dtype=p.combine_out, device=dev)
+    _expect_error(lambda: ata.combine(out, idx, gi.weights, y, None), "combine_in_dtype")
+
+    # Still correct after the rejected calls (none of them launched anything).
+    compat_round(ata, p, rank, seed=3, variant="fused_host_m", rtol=1e-2, tag=f"errors after rank={rank}")
+    ata.destroy()
+    ata.destroy()  # idempotent
+    _expect_error(lambda: dispatch(), "destroyed")
+
+
+def nvshmem_helpers(rank, world_size):
+    dev = _device()
+    assert epkit.nvshmem_my_pe() == rank and epkit.nvshmem_n_pes() == world_size
+    n = 64
+    src = epkit.nvshmem_malloc([world_size, n], torch.float32, dev)
+    dst = epkit.nvshmem_malloc((world_size, n), torch.float32, dev)
+    assert src.shape == (world_size, n) and src.dtype == torch.float32 and src.device == dev
+    src.copy_((rank * 100 + torch.arange(world_size, device=dev, dtype=torch.float32))[:, None].expand(world_size, n))
+    dst.fill_(-1)
+    torch.cuda.synchronize()  # every PE's dst is ready before any peer may write into it
+    epkit.nvshmem_barrier_all()
+    epkit.nvshmem_alltoall(dst, src)
+    epkit.nvshmem_barrier_all_on_current_stream()
+    torch.cuda.synchronize()
+    want = (torch.arange(world_size, device=dev, dtype=torch.float32) * 100 + rank)[:, None].expand(world_size, n)
+    assert torch.equal(dst, want), f"rank {rank}: nvshmem_alltoall gave {dst[:, 0].tolist()}, want {want[:, 0].tolist()}"
+    f8 = epkit.nvshmem_malloc([3, 32], FP8, dev)
+    assert f8.dtype == FP8 and f8.shape == (3, 32)
+    plain = torch.empty_like(dst)  # torch's allocator, not the symmetric heap: must be refused
+    _expect_error(lambda d=plain, s=src: epkit.nvshmem_alltoall(d, s), "nvshmem_malloc")
+    del plain
+    live = epkit._C.num_live_allocations()
+    del src, dst, f8  # dropped at the same point on every rank: the collective frees match
+    gc.collect()
+    assert epkit._C.num_live_allocations() == live - 3
+
+    # An AllToAll dropped without destroy() keeps its memory until finalize (which the harness runs).
+    a = epkit.ExpertAllToAll(num_experts=2 * world_size, experts_per_token=1, hidden=128, max_tokens_per_rank=4)
+    before = epkit._C.num_live_instances()
+    del a
+    gc.collect()
+    assert epkit._C.num_live_instances() == before
+
+
+def intranode_bootstrap(rank, world_size):
+    """pplx-style intranode: no nvshmem_init by the caller; epkit bootstraps over torch.distributed."""
+    assert not epkit.nvshmem_initialized()
+    p = problem(world_size, 1, "bf16")
+    ata = epkit.AllToAll.intranode(p.max_tokens, p.num_experts, p.experts_per_token, rank, world_size, 1,
+                                   p.hidden, p.hidden_dim_bytes, 0, group_name="default")
+    assert epkit.nvshmem_my_pe() == rank
+    compat_round(ata, p, rank, seed=11, variant="fused_host_m", rtol=1e-2, tag=f"intranode rank={rank}")
+    ata.destroy()

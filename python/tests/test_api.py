@@ -1,0 +1,81 @@
+"""Host-only checks: need torch and an importable epkit, no GPU and no NVSHMEM."""
+
+import dataclasses
+
+import pytest
+
+pytest.importorskip("torch", reason="epkit's Python tests need torch")
+epkit = pytest.importorskip("epkit", reason="epkit is not installed: pip install --no-build-isolation --no-deps .",
+                            exc_type=ImportError)
+import torch  # noqa: E402
+
+
+def test_epkit_error_is_runtime_error():
+    assert issubclass(epkit.EpkitError, RuntimeError)
+
+
+def test_calls_before_init_raise_instead_of_crashing():
+    assert not epkit.nvshmem_initialized()
+    for fn in (epkit.nvshmem_my_pe, epkit.nvshmem_n_pes, epkit.nvshmem_barrier_all):
+        with pytest.raises(epkit.EpkitError, match="nvshmem_init"):
+            fn()
+    with pytest.raises(epkit.EpkitError, match="nvshmem_init"):
+        epkit.AllToAll.internode(16, 8, 2, 0, 2, 1, 256, 512, 0)
+    epkit.nvshmem_finalize()  # a no-op without init
+
+
+def test_unique_id_tensors():
+    uid = epkit.nvshmem_get_unique_id()
+    assert uid.dtype == torch.uint8 and uid.shape == (epkit.nvshmem_unique_id_size(),) == (128,)
+    empty = epkit.nvshmem_alloc_empty_unique_id()
+    assert empty.dtype == torch.uint8 and empty.shape == (128,) and not empty.any()
+    with pytest.raises(epkit.EpkitError, match="uint8"):
+        epkit.nvshmem_init(torch.zeros(5, dtype=torch.uint8), 0, 1)
+
+
+def test_config_fields_are_the_cpp_fields():
+    cpp = {n for n in dir(epkit._C.AllToAllConfig()) if not n.startswith("_")}
+    py = {f.name for f in dataclasses.fields(epkit.AllToAllConfig)}
+    assert py <= cpp, f"fields missing in the C++ config: {py - cpp}"
+    cfg = epkit.AllToAllConfig(num_experts=16, experts_per_token=4, hidden=7168, max_tokens_per_rank=128,
+                               world_size=8, rank=3, dp_size=2, dispatch_dtype="fp8_e4m3", path="portable")
+    c = cfg.to_cpp()
+    for name in py - {"dispatch_dtype", "combine_in_dtype", "combine_out_dtype", "path"}:
+        assert getattr(c, name) == getattr(cfg, name), name
+    assert c.dispatch_dtype == epkit.DType.fp8_e4m3 and c.combine_out_dtype == epkit.DType.bf16
+    assert c.path == epkit.DataPath.portable
+    assert dataclasses.replace(cfg, path=epkit.DataPath.auto).to_cpp().path == epkit.DataPath.auto
+    with pytest.raises(epkit.EpkitError, match="path"):
+        dataclasses.replace(cfg, path="nvlink").to_cpp()
+    with pytest.raises(epkit.EpkitError, match="dtype"):
+        dataclasses.replace(cfg, dispatch_dtype="int3").to_cpp()
+
+
+@pytest.mark.parametrize("hidden_dim_bytes,scale_bytes,needle", [
+    (3 * 256, 0, "1 byte"),
+    (256, 4, "per-token"),
+    (512, 8, "no scales"),
+    (100, 0, "below"),
+])
+def test_pplx_constructor_rejects_unsupported_layouts(hidden_dim_bytes, scale_bytes, needle):
+    with pytest.raises(epkit.EpkitError, match=needle):
+        epkit.AllToAll(max_num_tokens=16, num_experts=8, experts_per_token=2, rank=0, world_size=2, dp_size=1,
+                       hidden_dim=256, hidden_dim_bytes=hidden_dim_bytes, hidden_dim_scale_bytes=scale_bytes)
+
+
+def test_pplx_16bit_payload_is_created_lazily():
+    a = epkit.AllToAll(max_num_tokens=16, num_experts=8, experts_per_token=2, rank=0, world_size=2, dp_size=1,
+                       hidden_dim=256, hidden_dim_bytes=512, hidden_dim_scale_bytes=0)
+    assert a.impl is None
+    with pytest.raises(epkit.EpkitError, match="before the first dispatch"):
+        a.combine(None, None, None, None, None)
+    a.destroy()
+    with pytest.raises(epkit.EpkitError, match="destroyed"):
+        a.combine(None, None, None, None, None)
+
+
+def test_tensor_args():
+    from epkit._tensors import arg
+    assert arg(None, "x") is None
+    with pytest.raises(epkit.EpkitError, match="x must be on a CUDA device"):
+        arg(torch.zeros(2, 2), "x")
