@@ -1,7 +1,8 @@
 # Front door. `make bench` and `make test` are the two commands of the README's quick start.
 BUILD ?= build
 JOBS ?= $(shell nproc)
-CMAKE_ARGS ?=
+# The Python extension is built wherever nanobind imports (scripts/setup-deps.sh installs it).
+CMAKE_ARGS ?= $(shell python3 -c "import nanobind" >/dev/null 2>&1 && echo -DEPKIT_BUILD_PYTHON=ON)
 NGPUS := $(shell nvidia-smi -L 2>/dev/null | grep -c '^GPU')
 
 .PHONY: all deps configure build test test-cpu test-gpu bench clean

@@ -31,4 +31,9 @@ if [ ! -f .deps/googletest/CMakeLists.txt ]; then
   fi
 fi
 [ -f .deps/googletest/CMakeLists.txt ] || { echo "[deps] GoogleTest sources not found and apt unavailable" >&2; exit 1; }
+# nanobind (pinned) for the Python extension; the build enables it wherever nanobind imports.
+if ! python3 -c "import nanobind" >/dev/null 2>&1; then
+  echo "[deps] installing nanobind==2.9.2"
+  python3 -m pip install -q "nanobind==2.9.2" >/dev/null 2>&1 || echo "[deps] nanobind unavailable: the Python extension will not be built"
+fi
 echo "[deps] ok"

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# The Python suite (python/tests) against the extension in the build tree; needs torch.
+set -uo pipefail
+BUILD=${1:-build}
+cd "$(dirname "$0")/.."
+if [ ! -f "$BUILD/python/epkit/__init__.py" ]; then
+  echo "skipped: Python suite (the build has no Python extension: nanobind was not importable at configure time)"
+  exit 0
+fi
+if ! python3 -c "import torch" >/dev/null 2>&1; then
+  echo "skipped: Python suite (torch is not installed for $(command -v python3))"
+  exit 0
+fi
+echo "== Python suite"
+NVSHMEM_DISABLE_NVLS=1 NCCL_NVLS_ENABLE=0 PYTHONPATH="$BUILD/python${PYTHONPATH:+:$PYTHONPATH}" \
+  python3 -m pytest -q -rs python/tests
+rc=$?
+[ $rc -eq 5 ] && { echo "python: no tests collected"; rc=0; }
+exit $rc
