@@ -9,13 +9,20 @@
 
 namespace epkit {
 
-// A dispatch message: one per (token, destination rank). Header, then payload, then scales.
+// Kernels move data in slices: one warp moves one slice of kSliceBytes (32 lanes x 4 x 16 B) with
+// all of its loads in flight, and a message or output row of n bytes has ceil(n / kSliceBytes).
+inline constexpr size_t kSliceBytes = 2048;
+
+// A dispatch message: one per (token, destination rank). Header, then scales, then payload, so that
+// slice 0 (header + scales + the first payload slice) is one contiguous range.
 //   header: int32 token index, int32 padding x3, then K x {int32 expert, int32 rank-within-(sender, expert)}
 struct MessageLayout {
   size_t header_bytes = 0;   // 16 + 8 * K, rounded up to 16
-  size_t payload_bytes = 0;  // H * sizeof(dispatch dtype)
   size_t scale_bytes = 0;    // ceil(H/128) * 4 for fp8, else 0 (rounded up to 16)
-  size_t bytes = 0;          // header + payload + scales
+  size_t payload_bytes = 0;  // H * sizeof(dispatch dtype)
+  size_t payload_offset = 0; // header_bytes + scale_bytes
+  size_t bytes = 0;          // header + scales + payload
+  size_t slices = 0;         // ceil(payload_bytes / kSliceBytes): units of transfer and of arrival counting
 
   static MessageLayout make(const AllToAllConfig& cfg);
 };
@@ -31,14 +38,15 @@ struct SymmetricLayout {
   size_t dispatch_counts = 0;    // [W][L + 1] int32: per-(source, local expert) counts, then #messages
   size_t dispatch_count_stage = 0; // [W][L + 1] int32 staging for the portable path
   size_t dispatch_count_flag = 0;  // [W] uint64: seq of the call whose counts have landed
-  size_t dispatch_recv_ctr = 0;    // [W] uint64: messages landed from each source, cumulative
+  size_t dispatch_recv_ctr = 0;    // [W] uint64: message slices landed from each source, cumulative
   // Combine.
   size_t weights_recv = 0;       // [W][ceil(M/D)][K] fp32: router weights of received messages
   size_t weights_stage = 0;      // [ceil(M/D)][K] fp32 staging for the portable path
   size_t weights_recv_ctr = 0;   // [W] uint64: weight rows landed from each source, cumulative
   size_t combine_recv = 0;       // [W][M][H] out dtype: one partial per (source rank, token)
   size_t combine_stage = 0;      // [W * ceil(M/D)][H] out dtype: partial staging for the portable path
-  size_t combine_flag = 0;       // [W][M] uint64: seq of the call whose partial has landed
+  size_t combine_slices = 0;     // ceil(H * sizeof(out dtype) / kSliceBytes)
+  size_t combine_flag = 0;       // [W][M][combine_slices] uint64: seq of the call whose partial slice landed
   size_t barrier_flag = 0;       // [W] uint64: seq of the call each peer has entered combine with
   size_t total_bytes = 0;
 
@@ -50,7 +58,8 @@ struct WorkspaceLayout {
   size_t state = 0;        // DeviceState (seq counter, bases, error record pointer)
   size_t send_slot = 0;    // [ceil(M/D)][W] int32: slot of each own token at each destination, -1 if none
   size_t num_msgs = 0;     // [W] int32: messages received from each source in the current call
-  size_t recv_base = 0;    // [W] uint64: messages consumed from each source over all earlier calls
+  size_t recv_base = 0;    // [W] uint64: dispatch slices consumed from each source over all earlier calls
+  size_t weights_base = 0; // [W] uint64: weight rows consumed from each source over all earlier calls
   size_t recv_map = 0;     // [W][ceil(M/D)][K + 1] int32: token index, then expert slot (el*cap+pos) or -1
   size_t peer_bases = 0;   // [W] pointers: peer address of the symmetric base, null if not P2P
   size_t total_bytes = 0;

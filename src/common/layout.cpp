@@ -21,9 +21,11 @@ struct Carver {
 MessageLayout MessageLayout::make(const AllToAllConfig& c) {
   MessageLayout m;
   m.header_bytes = align_up(16 + 8 * static_cast<size_t>(c.experts_per_token), 16);
-  m.payload_bytes = static_cast<size_t>(c.hidden) * dtype_size(c.dispatch_dtype);
   m.scale_bytes = align_up(static_cast<size_t>(scales_per_token(c)) * sizeof(float), 16);
-  m.bytes = m.header_bytes + m.payload_bytes + m.scale_bytes;
+  m.payload_bytes = static_cast<size_t>(c.hidden) * dtype_size(c.dispatch_dtype);
+  m.payload_offset = m.header_bytes + m.scale_bytes;
+  m.bytes = m.payload_offset + m.payload_bytes;
+  m.slices = (m.payload_bytes + kSliceBytes - 1) / kSliceBytes;
   return m;
 }
 
@@ -46,7 +48,8 @@ SymmetricLayout SymmetricLayout::make(const AllToAllConfig& c) {
   s.weights_recv_ctr = cv.take(W * sizeof(uint64_t));
   s.combine_recv = cv.take(W * M * out_row);
   s.combine_stage = cv.take(W * S * out_row);
-  s.combine_flag = cv.take(W * M * sizeof(uint64_t));
+  s.combine_slices = (out_row + kSliceBytes - 1) / kSliceBytes;
+  s.combine_flag = cv.take(W * M * s.combine_slices * sizeof(uint64_t));
   s.barrier_flag = cv.take(W * sizeof(uint64_t));
   s.total_bytes = cv.cursor;
   return s;
@@ -60,6 +63,7 @@ WorkspaceLayout WorkspaceLayout::make(const AllToAllConfig& c) {
   w.send_slot = cv.take(S * W * sizeof(int32_t));
   w.num_msgs = cv.take(W * sizeof(int32_t));
   w.recv_base = cv.take(W * sizeof(uint64_t));
+  w.weights_base = cv.take(W * sizeof(uint64_t));
   w.recv_map = cv.take(W * S * (K + 1) * sizeof(int32_t));
   w.peer_bases = cv.take(W * sizeof(void*));
   w.total_bytes = cv.cursor;

@@ -225,7 +225,10 @@ AllToAll::AllToAll(const Communicator& comm, const AllToAllConfig& cfg_in) : imp
   p.msg_bytes = static_cast<int>(msg.bytes);
   p.header_bytes = static_cast<int>(msg.header_bytes);
   p.payload_bytes = static_cast<int>(msg.payload_bytes);
+  p.payload_offset = static_cast<int>(msg.payload_offset);
   p.out_row_bytes = static_cast<int>(cfg.hidden * dtype_size(cfg.combine_out_dtype));
+  p.dispatch_slices = static_cast<int>(msg.slices);
+  p.combine_slices = static_cast<int>(I.sym_layout.combine_slices);
   p.timeout_ns = static_cast<uint64_t>(resolved_timeout_ms(cfg)) * 1000000ull;
   p.sym = I.sym;
   p.peer_bases = peer_dev;
@@ -249,16 +252,26 @@ AllToAll::AllToAll(const Communicator& comm, const AllToAllConfig& cfg_in) : imp
   p.send_slot = reinterpret_cast<int32_t*>(I.ws + w.send_slot);
   p.num_msgs = reinterpret_cast<int32_t*>(I.ws + w.num_msgs);
   p.recv_base = reinterpret_cast<uint64_t*>(I.ws + w.recv_base);
+  p.weights_base = reinterpret_cast<uint64_t*>(I.ws + w.weights_base);
   p.recv_map = reinterpret_cast<int32_t*>(I.ws + w.recv_map);
   p.err = I.err_dev;
 
   int dev = 0, sms = 0;
   EPKIT_CUDA_CHECK(cudaGetDevice(&dev));
   EPKIT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  // One block per SM at most: the fused kernels spin-wait, so every block must be resident.
-  const int blocks = cfg.num_sms > 0 && cfg.num_sms < sms ? cfg.num_sms : sms;
-  I.dispatch_shape = {blocks, 512, kernels::dispatch_smem_bytes(cfg.world_size, cfg.num_experts)};
-  I.combine_shape = {blocks, 512, kernels::combine_smem_bytes(cfg.world_size)};
+  // One block per SM at most: the fused kernels spin-wait, so every block must be resident. Fewer
+  // when the largest possible call has less work than that (every block pays fixed set-up work).
+  const int max_blocks = cfg.num_sms > 0 && cfg.num_sms < sms ? cfg.num_sms : sms;
+  auto blocks_for = [&](int units) {
+    const int b = (units + kernels::kWarpsPerBlock - 1) / kernels::kWarpsPerBlock;
+    return b < 1 ? 1 : (b > max_blocks ? max_blocks : b);
+  };
+  I.dispatch_shape = {blocks_for(kernels::dispatch_units(p.world_size, p.max_msgs_per_src, p.dispatch_slices)),
+                      kernels::kThreadsPerBlock,
+                      kernels::dispatch_smem_bytes(cfg.world_size, cfg.num_experts, cfg.experts_per_token)};
+  I.combine_shape = {
+      blocks_for(kernels::combine_units(p.world_size, p.max_msgs_per_src, p.max_tokens, p.combine_slices)),
+      kernels::kThreadsPerBlock, kernels::combine_smem_bytes(cfg.world_size)};
   EPKIT_CUDA_CHECK(cudaDeviceSynchronize());
   comm.barrier();  // every rank's buffers are zeroed before any peer writes into them
 }

@@ -79,10 +79,13 @@ struct CombineSmem {
   int* blk_sent;  // [W]
 };
 
+constexpr int kUnroll = 4;                          // 8-element chunks per lane per slice
+constexpr int kSliceChunks = kWarpSize * kUnroll;   // 1024 elements: kSliceBytes of 16-bit output
+
 template <typename Tin, typename Tout>
 __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t seq, int* smem) {
   const int W = p.world_size, K = p.topk, D = p.dp_size, S = p.max_msgs_per_src, M = p.max_tokens, H = p.hidden;
-  const int me = p.rank, gi = me % D;
+  const int me = p.rank, gi = me % D, nsc = p.combine_slices;
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
   const int gw = blockIdx.x * kWarps + warp, nw = gridDim.x * kWarps;
   CombineSmem sm{smem, smem + W, smem + 2 * W + 1};
@@ -146,7 +149,7 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
   const uint64_t* wctr = sym_at<uint64_t>(p, p.off_weights_recv_ctr);
   for (int s = threadIdx.x; s < W; s += blockDim.x) {
     sm.nmsg[s] = p.num_msgs[s];
-    wait_flag(p, wctr + s, p.recv_base[s] + sm.nmsg[s], Cmp::kGe, kPhaseCombineSend, kWaitWeights, s, -1, seq);
+    wait_flag(p, wctr + s, p.weights_base[s] + sm.nmsg[s], Cmp::kGe, kPhaseCombineSend, kWaitWeights, s, -1, seq);
   }
   __syncthreads();
   if (threadIdx.x == 0) {
@@ -157,66 +160,88 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
   __syncthreads();
   if (is_aborted(p)) return;
 
-  // One partial per received message: sum over its local experts of w * y, in fp32.
+  // One partial per (received message, slice): sum over the message's local experts of w * y, in
+  // fp32, sent to every rank of the token's DP group with one flag per slice.
   const int total = sm.msg_off[W];
   const int chunks = H / 8;
   const size_t out_row = p.out_row_bytes;
   const float* wrecv = sym_at<float>(p, p.off_weights_recv);
   const Tin* y = static_cast<const Tin*>(io.expert_y);
-  for (int q = gw; q < total; q += nw) {
+  for (int q = gw; q < total * nsc; q += nw) {
+    const int qm = q / nsc, sl = q % nsc;
     int lo = 0, hi = W - 1;
     while (lo < hi) {
       const int mid = (lo + hi + 1) / 2;
-      if (sm.msg_off[mid] <= q) lo = mid; else hi = mid - 1;
+      if (sm.msg_off[mid] <= qm) lo = mid; else hi = mid - 1;
     }
-    const int s = lo, j = q - sm.msg_off[s];
+    const int s = lo, j = qm - sm.msg_off[s];
     const size_t msg = static_cast<size_t>(s) * S + j;
     const int32_t* map = p.recv_map + msg * (K + 1);
     const int t = map[0];
     const int slot = lane < K ? map[1 + lane] : -1;
     const float wk = lane < K ? __ldcg(wrecv + msg * K + lane) : 0.f;
-    int slots[kMaxTopK];
-    float ws[kMaxTopK];
+    float acc[kUnroll][8];
 #pragma unroll
+    for (int qq = 0; qq < kUnroll; ++qq)
+#pragma unroll
+      for (int i = 0; i < 8; ++i) acc[qq][i] = 0.f;
+#pragma unroll 1
     for (int k = 0; k < kMaxTopK; ++k) {
-      slots[k] = __shfl_sync(0xffffffffu, slot, k);
-      ws[k] = __shfl_sync(0xffffffffu, wk, k);
+      // Broadcast entry k's slot and weight (warp-uniform, so the skip below is too).
+      const int slot_k = __shfl_sync(0xffffffffu, slot, k);
+      const float w_k = __shfl_sync(0xffffffffu, wk, k);
+      if (k >= K || slot_k < 0) continue;
+      const Tin* row = y + static_cast<size_t>(slot_k) * H;
+      float v[kUnroll][8];
+#pragma unroll
+      for (int qq = 0; qq < kUnroll; ++qq) {  // all loads of this expert row in flight together
+        const int c = sl * kSliceChunks + qq * kWarpSize + lane;
+        if (c < chunks) Vec8<Tin>::load(row + c * 8, v[qq]);
+      }
+#pragma unroll
+      for (int qq = 0; qq < kUnroll; ++qq)
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[qq][i] = fmaf(w_k, v[qq][i], acc[qq][i]);
     }
     const int p0 = (s / D) * D;  // the source's DP group: every member gets the partial
     bool any_portable = false;
     for (int dd = 0; dd < D; ++dd) any_portable |= peer_base(p, p0 + dd) == nullptr;
     uint8_t* stage = sym_at<uint8_t>(p, p.off_combine_stage) + msg * out_row;
     const size_t dst_off = p.off_combine_recv + (static_cast<size_t>(me) * M + t) * out_row;
-
-    for (int c = lane; c < chunks; c += kWarpSize) {
-      float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int4 packed[kUnroll];
 #pragma unroll
-      for (int k = 0; k < kMaxTopK; ++k) {
-        if (k < K && slots[k] >= 0) {
-          float v[8];
-          Vec8<Tin>::load(y + static_cast<size_t>(slots[k]) * H + c * 8, v);
-#pragma unroll
-          for (int i = 0; i < 8; ++i) acc[i] = fmaf(ws[k], v[i], acc[i]);
-        }
+    for (int qq = 0; qq < kUnroll; ++qq) packed[qq] = Vec8<Tout>::pack(acc[qq]);
+    // Direct stores into each P2P member's buffer, plus the staging row when a member needs a put.
+    for (int dd = 0; dd < D + (any_portable ? 1 : 0); ++dd) {
+      uint8_t* row = stage;
+      if (dd < D) {
+        uint8_t* pb = peer_base(p, p0 + dd);
+        if (pb == nullptr) continue;
+        row = pb + dst_off;
       }
-      const int4 packed = Vec8<Tout>::pack(acc);
-      for (int dd = 0; dd < D; ++dd)
-        if (uint8_t* pb = peer_base(p, p0 + dd)) st16(pb + dst_off + c * 16, packed);
-      if (any_portable) st16(stage + c * 16, packed);
+#pragma unroll
+      for (int qq = 0; qq < kUnroll; ++qq) {
+        const int c = sl * kSliceChunks + qq * kWarpSize + lane;
+        if (c < chunks) st16(row + static_cast<size_t>(c) * 16, packed[qq]);
+      }
     }
     __syncwarp();
-    uint64_t* flag_sym = sym_at<uint64_t>(p, p.off_combine_flag) + static_cast<size_t>(me) * M + t;
+    const size_t flag_idx = (static_cast<size_t>(me) * M + t) * nsc + sl;
     if (lane < D) {
       if (uint8_t* pb = peer_base(p, p0 + lane)) {
         __threadfence_system();
-        st_release_sys(reinterpret_cast<uint64_t*>(pb + p.off_combine_flag) + static_cast<size_t>(me) * M + t, seq);
+        st_release_sys(reinterpret_cast<uint64_t*>(pb + p.off_combine_flag) + flag_idx, seq);
       }
     }
     if (any_portable) {
       __threadfence();
+      const size_t lo_b = static_cast<size_t>(sl) * kSliceChunks * 16;
+      const size_t hi_b = min(out_row, lo_b + static_cast<size_t>(kSliceChunks) * 16);
       for (int dd = 0; dd < D; ++dd)
         if (peer_base(p, p0 + dd) == nullptr)
-          nvshmemx_putmem_signal_nbi_warp(p.sym + dst_off, stage, out_row, flag_sym, seq, NVSHMEM_SIGNAL_SET, p0 + dd);
+          nvshmemx_putmem_signal_nbi_warp(p.sym + dst_off + lo_b, stage + lo_b, hi_b - lo_b,
+                                          sym_at<uint64_t>(p, p.off_combine_flag) + flag_idx, seq, NVSHMEM_SIGNAL_SET,
+                                          p0 + dd);
     }
   }
 }
@@ -224,6 +249,7 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
 template <typename Tout>
 __device__ void combine_recv(const CommParams& p, const CombineIO& io, uint64_t seq) {
   const int W = p.world_size, L = p.num_local_experts, K = p.topk, M = p.max_tokens, H = p.hidden;
+  const int nsc = p.combine_slices;
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
   const int gw = blockIdx.x * kWarps + warp, nw = gridDim.x * kWarps;
   const int m = resolve_num_tokens(p, io.m, kPhaseCombineRecv, seq, false);
@@ -233,7 +259,8 @@ __device__ void combine_recv(const CommParams& p, const CombineIO& io, uint64_t 
   const int chunks = H / 8;
   Tout* out = static_cast<Tout*>(io.out);
 
-  for (int t = gw; t < m; t += nw) {
+  for (int q = gw; q < m * nsc; q += nw) {
+    const int t = q / nsc, sl = q % nsc;
     const int e = lane < K ? read_expert(p, io.topk_idx, io.idx_type, static_cast<int64_t>(t) * K + lane,
                                          kPhaseCombineRecv, t, seq, false)
                            : -1;
@@ -242,25 +269,37 @@ __device__ void combine_recv(const CommParams& p, const CombineIO& io, uint64_t 
     const bool first = e >= 0 && (same & ((1u << lane) - 1)) == 0;
     bool ok = true;
     if (first)
-      ok = wait_flag(p, flags + static_cast<size_t>(r) * M + t, seq, Cmp::kEq, kPhaseCombineRecv, kWaitPartial, r, t,
-                     seq);
+      ok = wait_flag(p, flags + (static_cast<size_t>(r) * M + t) * nsc + sl, seq, Cmp::kEq, kPhaseCombineRecv,
+                     kWaitPartial, r, t, seq);
     if (!__all_sync(0xffffffffu, ok)) break;
     const unsigned dmask = __ballot_sync(0xffffffffu, first);
-    int ranks[kMaxTopK];
+    float acc[kUnroll][8];
 #pragma unroll
-    for (int k = 0; k < kMaxTopK; ++k) ranks[k] = __shfl_sync(0xffffffffu, r, k);
-    for (int c = lane; c < chunks; c += kWarpSize) {
-      float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int qq = 0; qq < kUnroll; ++qq)
 #pragma unroll
-      for (int k = 0; k < kMaxTopK; ++k) {
-        if ((dmask >> k) & 1u) {
-          float v[8];
-          Vec8<Tout>::unpack(ld_cg16(partials + (static_cast<size_t>(ranks[k]) * M + t) * out_row + c * 16), v);
+      for (int i = 0; i < 8; ++i) acc[qq][i] = 0.f;
+#pragma unroll 1
+    for (int k = 0; k < kMaxTopK; ++k) {
+      if (!((dmask >> k) & 1u)) continue;
+      const uint8_t* row = partials + (static_cast<size_t>(__shfl_sync(0xffffffffu, r, k)) * M + t) * out_row;
+      int4 v[kUnroll];
 #pragma unroll
-          for (int i = 0; i < 8; ++i) acc[i] += v[i];
-        }
+      for (int qq = 0; qq < kUnroll; ++qq) {
+        const int c = sl * kSliceChunks + qq * kWarpSize + lane;
+        if (c < chunks) v[qq] = ld_cg16(row + static_cast<size_t>(c) * 16);
       }
-      st16(out + static_cast<size_t>(t) * H + c * 8, Vec8<Tout>::pack(acc));
+#pragma unroll
+      for (int qq = 0; qq < kUnroll; ++qq) {
+        float f[8];
+        Vec8<Tout>::unpack(v[qq], f);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[qq][i] += f[i];
+      }
+    }
+#pragma unroll
+    for (int qq = 0; qq < kUnroll; ++qq) {
+      const int c = sl * kSliceChunks + qq * kWarpSize + lane;
+      if (c < chunks) st16(out + static_cast<size_t>(t) * H + c * 8, Vec8<Tout>::pack(acc[qq]));
     }
   }
 
@@ -280,7 +319,11 @@ __device__ void finish_layer(const CommParams& p, uint64_t seq) {
   const unsigned prev = atomicAdd(&p.state->done_blocks, 1u);
   if (prev != gridDim.x - 1) return;
   __threadfence();
-  for (int s = 0; s < p.world_size; ++s) p.recv_base[s] += static_cast<uint64_t>(p.num_msgs[s]);
+  // Dispatch arrival counts slices, weights arrival counts rows: both bases advance per message.
+  for (int s = 0; s < p.world_size; ++s) {
+    p.recv_base[s] += static_cast<uint64_t>(p.num_msgs[s]) * p.dispatch_slices;
+    p.weights_base[s] += static_cast<uint64_t>(p.num_msgs[s]);
+  }
   p.state->done_blocks = 0;
   __threadfence();
   *reinterpret_cast<volatile uint64_t*>(&p.state->seq) = seq;
@@ -324,6 +367,11 @@ cudaError_t launch_out(const CommParams& p, const CombineIO& io, DType in, bool 
 }  // namespace
 
 size_t combine_smem_bytes(int world_size) { return (3 * static_cast<size_t>(world_size) + 1) * sizeof(int); }
+
+int combine_units(int world_size, int max_msgs_per_src, int max_tokens, int slices) {
+  const int send = world_size * max_msgs_per_src * slices, recv = max_tokens * slices;
+  return send > recv ? send : recv;
+}
 
 cudaError_t launch_combine(const CommParams& p, const CombineIO& io, DType in, DType out, bool do_send, bool do_recv,
                            const LaunchShape& shape, cudaStream_t stream) {

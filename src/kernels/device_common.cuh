@@ -13,8 +13,8 @@
 namespace epkit::kernels {
 
 constexpr int kWarpSize = 32;
-constexpr int kThreads = 512;
-constexpr int kWarps = kThreads / kWarpSize;
+constexpr int kThreads = kThreadsPerBlock;
+constexpr int kWarps = kWarpsPerBlock;
 
 __device__ __forceinline__ uint64_t ld_acquire_sys(const uint64_t* p) {
   uint64_t v;

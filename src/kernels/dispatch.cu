@@ -1,7 +1,8 @@
 // Dispatch: each token travels once per destination *rank* (not per expert) as one message holding
-// its header (token index, top-k experts and each entry's rank within (sender, expert)), payload and
-// scales. The receiver computes every slot of the expert-major output from the per-(source, expert)
-// counts alone, so no atomics are needed to place tokens and the order is (source rank, token).
+// its header (token index, top-k experts and each entry's rank within (sender, expert)), scales and
+// payload. The receiver computes every slot of the expert-major output from the per-(source,
+// expert) counts alone, so tokens are placed without atomics, in (source rank, token) order.
+// Messages move in slices (layout.hpp): one warp per (message, slice), loads batched before stores.
 #include <cuda_runtime.h>
 
 #include "kernels/device_common.cuh"
@@ -11,14 +12,20 @@ namespace epkit::kernels {
 
 namespace {
 
-// Shared memory, send half: per-expert totals and running ranks, per-destination totals and running
-// slots, and messages this block sent to each destination through direct stores.
+constexpr int kRoundTokens = 64;  // own tokens placed per round of the send half
+constexpr int kUnroll = 4;        // 16-byte chunks per lane per slice (kSliceBytes = 32 * 4 * 16)
+constexpr int kSliceChunks = kWarpSize * kUnroll;
+
+// Shared memory, send half.
 struct SendSmem {
-  int* cnt_total;  // [E]
-  int* run_e;      // [E]
-  int* dst_total;  // [W]
-  int* run_d;      // [W]
-  int* blk_sent;   // [W]
+  int* cnt_total;  // [E] entries per expert over all own tokens
+  int* run_e;      // [E] next rank within (this rank, expert)
+  int* dst_total;  // [W] messages per destination
+  int* run_d;      // [W] next slot per destination
+  int* blk_sent;   // [W] slices this block stored directly into each destination
+  int* tok_e;      // [kRoundTokens][K] expert of each entry of the round's tokens (-1: none)
+  int* tok_rk;     // [kRoundTokens][K] its rank within (this rank, expert)
+  int* tok_j;      // [kRoundTokens][K] for the first entry of each destination rank: the slot there
 };
 // Shared memory, receive half.
 struct RecvSmem {
@@ -30,9 +37,17 @@ struct RecvSmem {
 
 __device__ void dispatch_send(const CommParams& p, const DispatchIO& io, uint64_t seq, int* smem) {
   const int E = p.num_experts, W = p.world_size, L = p.num_local_experts, K = p.topk, D = p.dp_size;
-  const int me = p.rank, gi = me % D, S = p.max_msgs_per_src;
+  const int me = p.rank, gi = me % D, S = p.max_msgs_per_src, nsd = p.dispatch_slices;
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
-  SendSmem sm{smem, smem + E, smem + 2 * E, smem + 2 * E + W, smem + 2 * E + 2 * W};
+  SendSmem sm;
+  sm.cnt_total = smem;
+  sm.run_e = sm.cnt_total + E;
+  sm.dst_total = sm.run_e + E;
+  sm.run_d = sm.dst_total + W;
+  sm.blk_sent = sm.run_d + W;
+  sm.tok_e = sm.blk_sent + W;
+  sm.tok_rk = sm.tok_e + kRoundTokens * K;
+  sm.tok_j = sm.tok_rk + kRoundTokens * K;
 
   const int m = resolve_num_tokens(p, io.m, kPhaseDispatchSend, seq, blockIdx.x == 0);
   const int n_own = num_own_tokens(p, m);
@@ -94,73 +109,107 @@ __device__ void dispatch_send(const CommParams& p, const DispatchIO& io, uint64_
     }
   }
 
-  // Messages: one warp per own token of this block's chunk.
   const int hdr_words = p.header_bytes / 4;
   const int payload_chunks = p.payload_bytes / 16;
-  for (int u = u0 + warp; u < u1; u += kWarps) {
-    const int t = u * D + gi;
-    const int e = lane < K ? read_expert(p, io.topk_idx, io.idx_type, static_cast<int64_t>(t) * K + lane,
-                                         kPhaseDispatchSend, t, seq, false)
-                           : -1;
-    const int rk = e >= 0 ? atomicAdd(&sm.run_e[e], 1) : 0;
-    const int r = e >= 0 ? e / L : -1;
-    const unsigned same = __match_any_sync(0xffffffffu, r);
-    const bool first = e >= 0 && (same & ((1u << lane) - 1)) == 0;
-    const int j = first ? atomicAdd(&sm.run_d[r], 1) : -1;
-    int32_t* slot_row = p.send_slot + static_cast<size_t>(u) * W;
-    for (int x = lane; x < W; x += kWarpSize) slot_row[x] = -1;
-    __syncwarp();
-    if (first) slot_row[r] = j;
-    const unsigned dmask = __ballot_sync(0xffffffffu, first);
-
-    // Header word of this lane (and of lane + 32 when K > 14).
-    auto header_word = [&](int w) -> int32_t {
-      const int ke = (w - 4) / 2;
-      const int ve = __shfl_sync(0xffffffffu, e, ke & 31);
-      const int vr = __shfl_sync(0xffffffffu, rk, ke & 31);
-      if (w == 0) return t;
-      if (w < 4) return 0;
-      return ((w - 4) & 1) ? vr : ve;
-    };
-    const int32_t hw0 = header_word(lane < hdr_words ? lane : 1);
-    const int32_t hw1 = header_word(lane + 32 < hdr_words ? lane + 32 : 1);
-
-    const uint8_t* src_payload = io.x + static_cast<size_t>(t) * p.payload_bytes;
-    const float* src_scale = io.x_scale ? io.x_scale + static_cast<size_t>(t) * p.num_scales : nullptr;
-    auto write_message = [&](uint8_t* dst) {
-      int32_t* h = reinterpret_cast<int32_t*>(dst);
-      if (lane < hdr_words) h[lane] = hw0;
-      if (lane + 32 < hdr_words) h[lane + 32] = hw1;
-      uint8_t* pl = dst + p.header_bytes;
-      for (int c = lane; c < payload_chunks; c += kWarpSize)
-        st16(pl + c * 16, __ldg(reinterpret_cast<const int4*>(src_payload) + c));
-      float* sc = reinterpret_cast<float*>(pl + p.payload_bytes);
-      for (int s = lane; s < p.num_scales; s += kWarpSize) sc[s] = __ldg(src_scale + s);
-    };
-
-    bool staged = false;
-    uint8_t* stage = sym_at<uint8_t>(p, p.off_dispatch_stage) + static_cast<size_t>(u) * p.msg_bytes;
-    for (unsigned mask = dmask; mask; mask &= mask - 1) {
-      const int src_lane = __ffs(mask) - 1;
-      const int rd = __shfl_sync(0xffffffffu, r, src_lane);
-      const int jd = __shfl_sync(0xffffffffu, j, src_lane);
-      const size_t slot_off = p.off_dispatch_recv + (static_cast<size_t>(me) * S + jd) * p.msg_bytes;
-      if (uint8_t* pb = peer_base(p, rd)) {
-        write_message(pb + slot_off);
-        if (lane == 0) atomicAdd(&sm.blk_sent[rd], 1);
-      } else {
-        if (!staged) {
-          write_message(stage);
-          __syncwarp();
-          __threadfence();
-          staged = true;
-        }
-        nvshmemx_putmem_signal_nbi_warp(p.sym + slot_off, stage, p.msg_bytes,
-                                        sym_at<uint64_t>(p, p.off_dispatch_recv_ctr) + me, 1, NVSHMEM_SIGNAL_ADD, rd);
+  for (int r0 = u0; r0 < u1; r0 += kRoundTokens) {
+    const int nr = min(kRoundTokens, u1 - r0);
+    // Round, phase A: one warp per token takes its ranks and destination slots.
+    for (int ui = warp; ui < nr; ui += kWarps) {
+      const int u = r0 + ui, t = u * D + gi;
+      const int e = lane < K ? read_expert(p, io.topk_idx, io.idx_type, static_cast<int64_t>(t) * K + lane,
+                                           kPhaseDispatchSend, t, seq, false)
+                             : -1;
+      const int rk = e >= 0 ? atomicAdd(&sm.run_e[e], 1) : 0;
+      const int r = e >= 0 ? e / L : -1;
+      const unsigned same = __match_any_sync(0xffffffffu, r);
+      const bool first = e >= 0 && (same & ((1u << lane) - 1)) == 0;
+      const int j = first ? atomicAdd(&sm.run_d[r], 1) : -1;
+      int32_t* slot_row = p.send_slot + static_cast<size_t>(u) * W;
+      for (int x = lane; x < W; x += kWarpSize) slot_row[x] = -1;
+      __syncwarp();
+      if (first) slot_row[r] = j;
+      if (lane < K) {
+        sm.tok_e[ui * K + lane] = e;
+        sm.tok_rk[ui * K + lane] = rk;
+        sm.tok_j[ui * K + lane] = j;
       }
     }
+    __syncthreads();
+    // Round, phase B: one warp per (token, slice) loads the slice once and stores it to every
+    // destination rank of the token.
+    for (int w = warp; w < nr * nsd; w += kWarps) {
+      const int ui = w / nsd, sl = w % nsd, u = r0 + ui, t = u * D + gi;
+      const int e = lane < K ? sm.tok_e[ui * K + lane] : -1;
+      const int j = lane < K ? sm.tok_j[ui * K + lane] : -1;
+      const int r = e >= 0 ? e / L : -1;
+      const unsigned dmask = __ballot_sync(0xffffffffu, j >= 0);
+      if (dmask == 0) continue;
+
+      const int4* src = reinterpret_cast<const int4*>(io.x + static_cast<size_t>(t) * p.payload_bytes);
+      int4 v[kUnroll];
+#pragma unroll
+      for (int q = 0; q < kUnroll; ++q) {
+        const int c = sl * kSliceChunks + q * kWarpSize + lane;
+        if (c < payload_chunks) v[q] = __ldg(src + c);
+      }
+      // Slice 0 also carries the header and the scales.
+      int32_t hw0 = 0, hw1 = 0;
+      if (sl == 0) {
+        auto word = [&](int wd) -> int32_t {
+          if (wd == 0) return t;
+          if (wd < 4) return 0;
+          const int k = (wd - 4) / 2;
+          if (k >= K) return -1;
+          return ((wd - 4) & 1) ? sm.tok_rk[ui * K + k] : sm.tok_e[ui * K + k];
+        };
+        hw0 = lane < hdr_words ? word(lane) : 0;
+        hw1 = lane + 32 < hdr_words ? word(lane + 32) : 0;
+      }
+      const float* src_scale = io.x_scale ? io.x_scale + static_cast<size_t>(t) * p.num_scales : nullptr;
+      auto write_slice = [&](uint8_t* msg) {
+        if (sl == 0) {
+          int32_t* h = reinterpret_cast<int32_t*>(msg);
+          if (lane < hdr_words) h[lane] = hw0;
+          if (lane + 32 < hdr_words) h[lane + 32] = hw1;
+          float* sc = reinterpret_cast<float*>(msg + p.header_bytes);
+          for (int s = lane; s < p.num_scales; s += kWarpSize) sc[s] = __ldg(src_scale + s);
+        }
+        int4* pl = reinterpret_cast<int4*>(msg + p.payload_offset);
+#pragma unroll
+        for (int q = 0; q < kUnroll; ++q) {
+          const int c = sl * kSliceChunks + q * kWarpSize + lane;
+          if (c < payload_chunks) pl[c] = v[q];
+        }
+      };
+
+      bool staged = false;
+      uint8_t* stage = sym_at<uint8_t>(p, p.off_dispatch_stage) + static_cast<size_t>(u) * p.msg_bytes;
+      for (unsigned mask = dmask; mask; mask &= mask - 1) {
+        const int src_lane = __ffs(mask) - 1;
+        const int rd = __shfl_sync(0xffffffffu, r, src_lane);
+        const int jd = __shfl_sync(0xffffffffu, j, src_lane);
+        const size_t slot_off = p.off_dispatch_recv + (static_cast<size_t>(me) * S + jd) * p.msg_bytes;
+        if (uint8_t* pb = peer_base(p, rd)) {
+          write_slice(pb + slot_off);
+          if (lane == 0) atomicAdd(&sm.blk_sent[rd], 1);
+        } else {
+          if (!staged) {
+            write_slice(stage);
+            __syncwarp();
+            __threadfence();
+            staged = true;
+          }
+          const size_t lo = sl == 0 ? 0 : p.payload_offset + static_cast<size_t>(sl) * kSliceChunks * 16;
+          const size_t hi = min(static_cast<size_t>(p.msg_bytes),
+                                p.payload_offset + static_cast<size_t>(sl + 1) * kSliceChunks * 16);
+          nvshmemx_putmem_signal_nbi_warp(p.sym + slot_off + lo, stage + lo, hi - lo,
+                                          sym_at<uint64_t>(p, p.off_dispatch_recv_ctr) + me, 1, NVSHMEM_SIGNAL_ADD,
+                                          rd);
+        }
+      }
+    }
+    __syncthreads();
   }
-  __syncthreads();
   // Direct stores land before the counter moves: fence, then one release-add per destination.
   for (int d = threadIdx.x; d < W; d += blockDim.x) {
     if (sm.blk_sent[d] > 0) {
@@ -173,17 +222,21 @@ __device__ void dispatch_send(const CommParams& p, const DispatchIO& io, uint64_
 
 __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_t seq, int* smem) {
   const int W = p.world_size, L = p.num_local_experts, K = p.topk, S = p.max_msgs_per_src, me = p.rank;
-  const int cap = p.capacity;
+  const int cap = p.capacity, nsd = p.dispatch_slices;
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
   RecvSmem sm{smem, smem + W * L, smem + 2 * W * L, smem + 2 * W * L + W};
 
   const uint64_t* count_flag = sym_at<uint64_t>(p, p.off_dispatch_count_flag);
+  for (int s = threadIdx.x; s < W; s += blockDim.x)
+    wait_flag(p, count_flag + s, seq, Cmp::kEq, kPhaseDispatchRecv, kWaitDispatchCounts, s, -1, seq);
+  __syncthreads();
+  if (is_aborted(p)) return;
+  // All threads read the count matrix at once (a per-source serial loop costs a round trip each).
   const int32_t* counts = sym_at<int32_t>(p, p.off_dispatch_counts);
-  for (int s = threadIdx.x; s < W; s += blockDim.x) {
-    const bool ok = wait_flag(p, count_flag + s, seq, Cmp::kEq, kPhaseDispatchRecv, kWaitDispatchCounts, s, -1, seq);
-    const int32_t* c = counts + static_cast<size_t>(s) * (L + 1);
-    for (int el = 0; el < L; ++el) sm.cnt[s * L + el] = ok ? __ldcg(c + el) : 0;
-    sm.nmsg[s] = ok ? __ldcg(c + L) : 0;
+  for (int i = threadIdx.x; i < W * (L + 1); i += blockDim.x) {
+    const int s = i / (L + 1), el = i % (L + 1);
+    const int v = __ldcg(counts + i);
+    if (el < L) sm.cnt[s * L + el] = v; else sm.nmsg[s] = v;
   }
   __syncthreads();
   for (int el = threadIdx.x; el < L; el += blockDim.x) {
@@ -206,24 +259,32 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
     for (int s = threadIdx.x; s < W; s += blockDim.x) p.num_msgs[s] = sm.nmsg[s];
   const uint64_t* recv_ctr = sym_at<uint64_t>(p, p.off_dispatch_recv_ctr);
   for (int s = threadIdx.x; s < W; s += blockDim.x)
-    wait_flag(p, recv_ctr + s, p.recv_base[s] + sm.nmsg[s], Cmp::kGe, kPhaseDispatchRecv, kWaitDispatchData, s, -1,
-              seq);
+    wait_flag(p, recv_ctr + s, p.recv_base[s] + static_cast<uint64_t>(sm.nmsg[s]) * nsd, Cmp::kGe,
+              kPhaseDispatchRecv, kWaitDispatchData, s, -1, seq);
   __syncthreads();
   if (is_aborted(p)) return;
 
   const int total = sm.msg_off[W];
   const int payload_chunks = p.payload_bytes / 16;
   const uint8_t* recv = sym_at<uint8_t>(p, p.off_dispatch_recv);
-  for (int q = blockIdx.x * kWarps + warp; q < total; q += gridDim.x * kWarps) {
-    int lo = 0, hi = W - 1;  // last s with msg_off[s] <= q
+  for (int q = blockIdx.x * kWarps + warp; q < total * nsd; q += gridDim.x * kWarps) {
+    const int qm = q / nsd, sl = q % nsd;
+    int lo = 0, hi = W - 1;  // last s with msg_off[s] <= qm
     while (lo < hi) {
       const int mid = (lo + hi + 1) / 2;
-      if (sm.msg_off[mid] <= q) lo = mid; else hi = mid - 1;
+      if (sm.msg_off[mid] <= qm) lo = mid; else hi = mid - 1;
     }
-    const int s = lo, j = q - sm.msg_off[s];
+    const int s = lo, j = qm - sm.msg_off[s];
     const uint8_t* msg = recv + (static_cast<size_t>(s) * S + j) * p.msg_bytes;
     const int32_t* hdr = reinterpret_cast<const int32_t*>(msg);
-    const int t = __ldcg(hdr);
+    // Issue the slice's loads first; the header is small and read while they are in flight.
+    const int4* pl = reinterpret_cast<const int4*>(msg + p.payload_offset);
+    int4 v[kUnroll];
+#pragma unroll
+    for (int qq = 0; qq < kUnroll; ++qq) {
+      const int c = sl * kSliceChunks + qq * kWarpSize + lane;
+      if (c < payload_chunks) v[qq] = __ldcg(pl + c);
+    }
     int slot = -1;
     if (lane < K) {
       const int e = __ldcg(hdr + 4 + 2 * lane);
@@ -234,27 +295,31 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
         slot = pos < cap ? el * cap + pos : -1;
       }
     }
-    int32_t* map = p.recv_map + (static_cast<size_t>(s) * S + j) * (K + 1);
-    if (lane == 0) map[0] = t;
-    if (lane < K) map[1 + lane] = slot;
+    if (sl == 0) {
+      int32_t* map = p.recv_map + (static_cast<size_t>(s) * S + j) * (K + 1);
+      if (lane == 0) map[0] = __ldcg(hdr);
+      if (lane < K) map[1 + lane] = slot;
+    }
     int slots[kMaxTopK];
 #pragma unroll
     for (int k = 0; k < kMaxTopK; ++k) slots[k] = __shfl_sync(0xffffffffu, slot, k);
-
-    const uint8_t* pl = msg + p.header_bytes;
-    for (int c = lane; c < payload_chunks; c += kWarpSize) {
-      const int4 v = ld_cg16(pl + c * 16);
 #pragma unroll
-      for (int k = 0; k < kMaxTopK; ++k)
-        if (k < K && slots[k] >= 0) st16(io.expert_x + static_cast<size_t>(slots[k]) * p.payload_bytes + c * 16, v);
+    for (int k = 0; k < kMaxTopK; ++k) {
+      if (k >= K || slots[k] < 0) continue;
+      int4* dst = reinterpret_cast<int4*>(io.expert_x + static_cast<size_t>(slots[k]) * p.payload_bytes);
+#pragma unroll
+      for (int qq = 0; qq < kUnroll; ++qq) {
+        const int c = sl * kSliceChunks + qq * kWarpSize + lane;
+        if (c < payload_chunks) dst[c] = v[qq];
+      }
     }
-    if (p.num_scales > 0) {
-      const float* sc = reinterpret_cast<const float*>(pl + p.payload_bytes);
+    if (sl == 0 && p.num_scales > 0) {
+      const float* sc = reinterpret_cast<const float*>(msg + p.header_bytes);
       for (int x = lane; x < p.num_scales; x += kWarpSize) {
-        const float v = __ldcg(sc + x);
+        const float val = __ldcg(sc + x);
 #pragma unroll
         for (int k = 0; k < kMaxTopK; ++k)
-          if (k < K && slots[k] >= 0) io.expert_x_scale[static_cast<size_t>(slots[k]) * p.num_scales + x] = v;
+          if (k < K && slots[k] >= 0) io.expert_x_scale[static_cast<size_t>(slots[k]) * p.num_scales + x] = val;
       }
     }
   }
@@ -271,10 +336,15 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 }  // namespace
 
-size_t dispatch_smem_bytes(int world_size, int num_experts) {
-  const size_t send = 2 * static_cast<size_t>(num_experts) + 3 * static_cast<size_t>(world_size);
+size_t dispatch_smem_bytes(int world_size, int num_experts, int topk) {
+  const size_t send = 2 * static_cast<size_t>(num_experts) + 3 * static_cast<size_t>(world_size) +
+                      3 * static_cast<size_t>(kRoundTokens) * topk;
   const size_t recv = 2 * static_cast<size_t>(num_experts) + 2 * static_cast<size_t>(world_size) + 1;
   return (send > recv ? send : recv) * sizeof(int);
+}
+
+int dispatch_units(int world_size, int max_msgs_per_src, int slices) {
+  return world_size * max_msgs_per_src * slices;
 }
 
 cudaError_t launch_dispatch(const CommParams& p, const DispatchIO& io, bool do_send, bool do_recv,

@@ -53,7 +53,9 @@ struct CommParams {
   int max_msgs_per_src;  // ceil(M / D)
   int capacity;
   int num_scales;        // fp32 scales per token (0 without fp8)
-  int msg_bytes, header_bytes, payload_bytes, out_row_bytes;
+  int msg_bytes, header_bytes, payload_bytes, payload_offset, out_row_bytes;
+  int dispatch_slices;  // slices per dispatch message (arrival counters count slices)
+  int combine_slices;   // slices per combine output row (one flag each)
   uint64_t timeout_ns;
 
   uint8_t* sym;                 // this rank's symmetric base (nvshmem addresses)
@@ -65,7 +67,8 @@ struct CommParams {
   DeviceState* state;
   int32_t* send_slot;   // [S][W]
   int32_t* num_msgs;    // [W]
-  uint64_t* recv_base;  // [W]
+  uint64_t* recv_base;     // [W] dispatch slices consumed per source, over all earlier calls
+  uint64_t* weights_base;  // [W] weight rows consumed per source, over all earlier calls
   int32_t* recv_map;    // [W][S][K + 1]
   ErrorRecord* err;     // host-mapped
 };
@@ -98,6 +101,10 @@ struct CombineIO {
   TokenCount m;
   void* out;                  // [rows, H] out dtype
 };
+
+// Block shape every kernel is compiled for (device_common.cuh uses the same numbers).
+inline constexpr int kThreadsPerBlock = 512;
+inline constexpr int kWarpsPerBlock = kThreadsPerBlock / 32;
 
 struct LaunchShape {
   int blocks;

@@ -29,7 +29,9 @@ TEST(Layout, MessageBytes) {
   EXPECT_EQ(m.header_bytes, 80u);   // 16 + 8 * 8
   EXPECT_EQ(m.payload_bytes, 7168u);
   EXPECT_EQ(m.scale_bytes, 224u);   // 56 fp32 scales
+  EXPECT_EQ(m.payload_offset, 304u);
   EXPECT_EQ(m.bytes, 7472u);
+  EXPECT_EQ(m.slices, 4u);          // 7168 / 2048 rounded up
   AllToAllConfig c = decode_ep(8);
   c.experts_per_token = 1;
   c.dispatch_dtype = DType::kBF16;
@@ -37,6 +39,8 @@ TEST(Layout, MessageBytes) {
   EXPECT_EQ(b.header_bytes, 32u);   // 24 rounded up to 16
   EXPECT_EQ(b.payload_bytes, 14336u);
   EXPECT_EQ(b.scale_bytes, 0u);
+  EXPECT_EQ(b.payload_offset, 32u);
+  EXPECT_EQ(b.slices, 7u);
 }
 
 std::vector<std::pair<size_t, size_t>> regions(const AllToAllConfig& c) {
@@ -48,7 +52,7 @@ std::vector<std::pair<size_t, size_t>> regions(const AllToAllConfig& c) {
           {s.dispatch_count_flag, W * 8},          {s.dispatch_recv_ctr, W * 8},
           {s.weights_recv, W * S * K * 4},         {s.weights_stage, S * K * 4},
           {s.weights_recv_ctr, W * 8},             {s.combine_recv, W * M * out},
-          {s.combine_stage, W * S * out},          {s.combine_flag, W * M * 8},
+          {s.combine_stage, W * S * out},          {s.combine_flag, W * M * ((out + 2047) / 2048) * 8},
           {s.barrier_flag, W * 8}};
 }
 
