@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Runs test_fault under epkit-run and checks what issue #6 asks of a fault:
+#   - the launcher returns non-zero and says which rank failed;
+#   - every surviving rank reports a timeout that names the faulty rank (the last one),
+#     within timeout + 5 s of the faulty iteration;
+#   - no test process is left behind.
+# Usage: fault_test.sh EPKIT_RUN TEST_FAULT NP kill|skip
+set -u
+run=$1; bin=$2; np=$3; mode=$4
+if ! nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then echo "skipped: no GPU"; exit 77; fi
+export NVSHMEM_DISABLE_NVLS=1 NCCL_NVLS_ENABLE=0 EPKIT_TIMEOUT_MS=${EPKIT_TIMEOUT_MS:-3000}
+log=$(mktemp)
+start=$(date +%s)
+"$run" -n "$np" --grace-ms 30000 -- "$bin" --mode "$mode" > "$log" 2>&1
+rc=$?
+elapsed=$(( $(date +%s) - start ))
+cat "$log"
+fail() { echo "FAULT TEST FAILED ($mode): $*"; rm -f "$log"; exit 1; }
+[ "$rc" -ne 0 ] || fail "epkit-run returned 0"
+victim=$((np - 1))
+for r in $(seq 0 $((victim - 1))); do
+  line=$(grep "^\[$r\] rank $r: iteration" "$log") || fail "rank $r reported no error"
+  echo "$line" | grep -q "timed out" || fail "rank $r: not a timeout: $line"
+  echo "$line" | grep -q "from rank $victim" || fail "rank $r: the error does not name rank $victim: $line"
+  ms=$(echo "$line" | sed -E 's/.*after ([0-9]+) ms.*/\1/')
+  [ "$ms" -le $((EPKIT_TIMEOUT_MS + 5000)) ] || fail "rank $r took $ms ms (> timeout + 5 s)"
+done
+sleep 1
+if pgrep -f "$(basename "$bin") --mode" > /dev/null; then fail "processes left behind: $(pgrep -af "$(basename "$bin") --mode")"; fi
+echo "fault test passed ($mode, $np ranks, ${elapsed}s, launcher rc $rc)"
+rm -f "$log"
