@@ -22,7 +22,8 @@ BUILD=${EPKIT_BUILD_DIR:-build-gpu}
 { date -u; git rev-parse HEAD 2>/dev/null; nvidia-smi; nvidia-smi topo -m; } > "$LOG/machine.txt" 2>&1
 bash scripts/setup-deps.sh > "$LOG/deps.log" 2>&1 || { echo "deps failed"; tail "$LOG/deps.log"; exit 1; }
 t0=$(date +%s)
-cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release > "$LOG/build.log" 2>&1 &&
+PYARG=$(python3 -c "import nanobind" >/dev/null 2>&1 && echo -DEPKIT_BUILD_PYTHON=ON)
+cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release $PYARG > "$LOG/build.log" 2>&1 &&
   cmake --build "$BUILD" -j "$(nproc)" >> "$LOG/build.log" 2>&1 || { echo "build failed"; tail -40 "$LOG/build.log"; exit 1; }
 echo "build: $(( $(date +%s) - t0 )) s"
 rc=0
@@ -32,6 +33,11 @@ t0=$(date +%s)
 ( cd "$BUILD" && ctest -L gpu --output-on-failure ${CTEST_TIMEOUT:+--timeout "$CTEST_TIMEOUT"} ${TESTS:+-R "$TESTS"} ) > "$LOG/gpu-tests.log" 2>&1 || rc=1
 echo "gpu suite: $(( $(date +%s) - t0 )) s"
 grep -E "Test +#|tests passed|Failed|SKIP" "$LOG/gpu-tests.log" | tail -20
+if [ "${PYTESTS:-1}" = 1 ]; then
+  t0=$(date +%s)
+  bash scripts/run-python-tests.sh "$BUILD" > "$LOG/python-tests.log" 2>&1 || rc=1
+  echo "python suite: $(( $(date +%s) - t0 )) s"; tail -5 "$LOG/python-tests.log"
+fi
 if [ "$BENCH" = 1 ] && [ -x "$BUILD/bin/epkit-bench" ]; then
   ngpu=$(nvidia-smi -L | grep -c '^GPU')
   "$BUILD/bin/epkit-run" -n "$ngpu" -- "$BUILD/bin/epkit-bench" "${BENCH_ARGS[@]}" --json "$LOG/bench.json" \
