@@ -12,7 +12,7 @@ if ! python3 -c "import torch" >/dev/null 2>&1; then
   exit 0
 fi
 echo "== Python suite"
-NVSHMEM_DISABLE_NVLS=1 NCCL_NVLS_ENABLE=0 PYTHONPATH="$BUILD/python${PYTHONPATH:+:$PYTHONPATH}" \
+PYTHONFAULTHANDLER=1 NVSHMEM_DISABLE_NVLS=1 NCCL_NVLS_ENABLE=0 PYTHONPATH="$BUILD/python${PYTHONPATH:+:$PYTHONPATH}" \
   python3 -m pytest -q -rs python/tests
 rc=$?
 [ $rc -eq 5 ] && { echo "python: no tests collected"; rc=0; }

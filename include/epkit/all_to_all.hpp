@@ -47,8 +47,11 @@ class AllToAll {
 
   const AllToAllConfig& config() const;
 
-  // Each call validates its arguments on the host, raises any pending device error, then launches
-  // on `stream` without host synchronisation or allocation (capturable in a CUDA graph).
+  // Each call validates its arguments on the host, then launches on `stream` without host
+  // synchronisation or allocation (capturable in a CUDA graph). A device-side timeout recorded
+  // earlier is raised before launching (the object is then unusable); recoverable device errors
+  // (capacity overflow, expert index >= E, device m > M) are raised after combine/combine_recv has
+  // launched, or by check(), so that every rank always launches whole layers.
   // Calls must come in the order dispatch_send, dispatch_recv, combine_send, combine_recv per layer.
   void dispatch_send(const DispatchArgs& a, cudaStream_t stream);
   void dispatch_recv(const DispatchArgs& a, cudaStream_t stream);

@@ -89,7 +89,11 @@ struct AllToAll::Impl {
   bool dead = false;
   cudaStream_t aux = nullptr;
 
-  void raise_pending();
+  // Raises a recorded device error. Recoverable ones (capacity, bad index, m clamped) are raised
+  // only where this rank has launched the whole layer (after combine's launch, or from check()):
+  // raising them before a launch in mid-layer would leave peers waiting on this rank.
+  void raise_pending(bool recoverable_too = true);
+  void raise_fatal() { raise_pending(false); }
   void expect(Next want, const char* call) const {
     EPKIT_CHECK(!dead, call, ": this AllToAll saw a device-side timeout earlier and is unusable");
     EPKIT_CHECK(next == want, call, " called out of order: the next call must be ", next_name(next));
@@ -111,9 +115,10 @@ kernels::TokenCount AllToAll::Impl::token_count(int host_m, const int32_t* dev_m
   return {host_m, nullptr, static_cast<int>(rows < M ? rows : M)};
 }
 
-void AllToAll::Impl::raise_pending() {
+void AllToAll::Impl::raise_pending(bool recoverable_too) {
   const int code = err_host->code;
   if (code == kernels::kErrNone) return;
+  if (code != kernels::kErrTimeout && !recoverable_too) return;
   std::ostringstream os;
   const ErrorRecord& e = *err_host;
   os << "epkit: ";
@@ -308,7 +313,7 @@ kernels::CombineIO check_combine(AllToAll::Impl& I, const CombineArgs& a, bool s
 
 void AllToAll::dispatch_send(const DispatchArgs& a, cudaStream_t st) {
   Impl& I = *impl_;
-  I.raise_pending();
+  I.raise_fatal();
   I.expect(Next::kDispatchSend, "dispatch_send");
   const auto io = check_dispatch(I, a, true, false, "dispatch_send");
   EPKIT_CUDA_CHECK(kernels::launch_dispatch(I.params, io, true, false, I.dispatch_shape, st));
@@ -317,7 +322,7 @@ void AllToAll::dispatch_send(const DispatchArgs& a, cudaStream_t st) {
 
 void AllToAll::dispatch_recv(const DispatchArgs& a, cudaStream_t st) {
   Impl& I = *impl_;
-  I.raise_pending();
+  I.raise_fatal();
   I.expect(Next::kDispatchRecv, "dispatch_recv");
   const auto io = check_dispatch(I, a, false, true, "dispatch_recv");
   EPKIT_CUDA_CHECK(kernels::launch_dispatch(I.params, io, false, true, I.dispatch_shape, st));
@@ -326,7 +331,7 @@ void AllToAll::dispatch_recv(const DispatchArgs& a, cudaStream_t st) {
 
 void AllToAll::dispatch(const DispatchArgs& a, cudaStream_t st) {
   Impl& I = *impl_;
-  I.raise_pending();
+  I.raise_fatal();
   I.expect(Next::kDispatchSend, "dispatch");
   const auto io = check_dispatch(I, a, true, true, "dispatch");
   EPKIT_CUDA_CHECK(kernels::launch_dispatch(I.params, io, true, true, I.dispatch_shape, st));
@@ -335,7 +340,7 @@ void AllToAll::dispatch(const DispatchArgs& a, cudaStream_t st) {
 
 void AllToAll::combine_send(const CombineArgs& a, cudaStream_t st) {
   Impl& I = *impl_;
-  I.raise_pending();
+  I.raise_fatal();
   I.expect(Next::kCombineSend, "combine_send");
   const auto io = check_combine(I, a, true, false, "combine_send");
   EPKIT_CUDA_CHECK(kernels::launch_combine(I.params, io, I.cfg.combine_in_dtype, I.cfg.combine_out_dtype, true, false,
@@ -345,22 +350,24 @@ void AllToAll::combine_send(const CombineArgs& a, cudaStream_t st) {
 
 void AllToAll::combine_recv(const CombineArgs& a, cudaStream_t st) {
   Impl& I = *impl_;
-  I.raise_pending();
+  I.raise_fatal();
   I.expect(Next::kCombineRecv, "combine_recv");
   const auto io = check_combine(I, a, false, true, "combine_recv");
   EPKIT_CUDA_CHECK(kernels::launch_combine(I.params, io, I.cfg.combine_in_dtype, I.cfg.combine_out_dtype, false, true,
                                            I.combine_shape, st));
   I.next = Next::kDispatchSend;
+  I.raise_pending();  // the layer is fully launched: recoverable errors may surface now
 }
 
 void AllToAll::combine(const CombineArgs& a, cudaStream_t st) {
   Impl& I = *impl_;
-  I.raise_pending();
+  I.raise_fatal();
   I.expect(Next::kCombineSend, "combine");
   const auto io = check_combine(I, a, true, true, "combine");
   EPKIT_CUDA_CHECK(kernels::launch_combine(I.params, io, I.cfg.combine_in_dtype, I.cfg.combine_out_dtype, true, true,
                                            I.combine_shape, st));
   I.next = Next::kDispatchSend;
+  I.raise_pending();  // the layer is fully launched: recoverable errors may surface now
 }
 
 namespace {

@@ -138,8 +138,7 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
   }
   __syncthreads();
   for (int d = threadIdx.x; d < W; d += blockDim.x) {
-    if (sm.blk_sent[d] > 0) {
-      __threadfence_system();
+    if (sm.blk_sent[d] > 0) {  // bar.sync + a cumulative release: no separate system fence
       red_release_sys_add(reinterpret_cast<uint64_t*>(peer_base(p, d) + p.off_weights_recv_ctr) + me,
                           static_cast<uint64_t>(sm.blk_sent[d]));
     }
@@ -227,9 +226,8 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
     }
     __syncwarp();
     const size_t flag_idx = (static_cast<size_t>(me) * M + t) * nsc + sl;
-    if (lane < D) {
+    if (lane < D) {  // __syncwarp + a cumulative release publish the whole warp's stores
       if (uint8_t* pb = peer_base(p, p0 + lane)) {
-        __threadfence_system();
         st_release_sys(reinterpret_cast<uint64_t*>(pb + p.off_combine_flag) + flag_idx, seq);
       }
     }

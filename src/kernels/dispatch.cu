@@ -96,12 +96,7 @@ __device__ void dispatch_send(const CommParams& p, const DispatchIO& io, uint64_
     for (int el = lane; el < L; el += kWarpSize) dst[el] = sm.cnt_total[d * L + el];
     if (lane == 0) dst[L] = sm.dst_total[d];
     __syncwarp();
-    if (pb) {
-      if (lane == 0) {
-        __threadfence_system();
-        st_release_sys(reinterpret_cast<uint64_t*>(pb + p.off_dispatch_count_flag) + me, seq);
-      }
-    } else {
+    if (!pb) {  // direct-store peers get their count flag with the data, at the end of this block
       __threadfence();
       nvshmemx_putmem_signal_nbi_warp(sym_at<int32_t>(p, p.off_dispatch_counts) + static_cast<size_t>(me) * (L + 1),
                                       dst, (L + 1) * sizeof(int32_t),
@@ -210,13 +205,18 @@ __device__ void dispatch_send(const CommParams& p, const DispatchIO& io, uint64_
     }
     __syncthreads();
   }
-  // Direct stores land before the counter moves: fence, then one release-add per destination.
+  __syncthreads();  // also when this block had no tokens: its count stores precede the release
+  // One release per destination publishes everything this block stored there: the bar.sync above
+  // orders the other threads' stores before it, and release semantics are cumulative, so no
+  // separate system fence is needed. The count flag goes last from the block that wrote the counts.
   for (int d = threadIdx.x; d < W; d += blockDim.x) {
-    if (sm.blk_sent[d] > 0) {
-      __threadfence_system();
-      red_release_sys_add(reinterpret_cast<uint64_t*>(peer_base(p, d) + p.off_dispatch_recv_ctr) + me,
+    uint8_t* pb = peer_base(p, d);
+    if (pb == nullptr) continue;
+    if (sm.blk_sent[d] > 0)
+      red_release_sys_add(reinterpret_cast<uint64_t*>(pb + p.off_dispatch_recv_ctr) + me,
                           static_cast<uint64_t>(sm.blk_sent[d]));
-    }
+    if ((d % nw) / kWarps == static_cast<int>(blockIdx.x))  // the block whose warp wrote d's counts
+      st_release_sys(reinterpret_cast<uint64_t*>(pb + p.off_dispatch_count_flag) + me, seq);
   }
 }
 

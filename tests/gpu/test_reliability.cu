@@ -169,12 +169,23 @@ TEST(Reliability, DeviceSideErrorsAreReportedNotWritten) {
       auto groups = make_inputs(cfg, Routing::kUniform, 6, case_seed(7));
       groups[0].topk_idx[1] = cfg.num_experts + 5;
       b.upload(cfg, groups[cfg.rank / cfg.dp_size], st);
-      a2a.dispatch(b.dispatch_args(cfg, 6, false), st);
-      launch_expert(cfg, b, st);
-      a2a.combine(b.combine_args(cfg, 6, false), st);
-      cudaStreamSynchronize(st);
       const bool owner = cfg.rank == dp_sender_rank(cfg, 0, 0);
-      const std::string err = owner ? expect_error([&] { a2a.check(); }, "but num_experts = " + std::to_string(cfg.num_experts)) : "";
+      // Raised at the end of the layer (after combine launched) or by check(), never mid-layer.
+      auto layer = [&] {
+        a2a.dispatch(b.dispatch_args(cfg, 6, false), st);
+        launch_expert(cfg, b, st);
+        try {
+          a2a.combine(b.combine_args(cfg, 6, false), st);
+        } catch (...) {
+          cudaStreamSynchronize(st);
+          throw;
+        }
+        cudaStreamSynchronize(st);
+        a2a.check();
+      };
+      std::string err;
+      if (owner) err = expect_error(layer, "but num_experts = " + std::to_string(cfg.num_experts));
+      else layer();
       // The bad entry is skipped everywhere; everything else must still match the reference (which
       // skips indices outside [0, E) too).
       problem = err.empty() ? check_dispatch(cfg, groups, b) : err;
@@ -198,11 +209,20 @@ TEST(Reliability, DeviceSideErrorsAreReportedNotWritten) {
       b.upload(cfg, groups[cfg.rank / cfg.dp_size], st);
       const int32_t too_many = M + 3;
       cudaMemcpy(b.m_dev.ptr, &too_many, 4, cudaMemcpyHostToDevice);
-      a2a.dispatch(b.dispatch_args(cfg, 0, true), st);
-      launch_expert(cfg, b, st);
-      a2a.combine(b.combine_args(cfg, 0, true), st);
-      cudaStreamSynchronize(st);
-      problem = expect_error([&] { a2a.check(); }, "num_tokens_device holds m = " + std::to_string(M + 3));
+      problem = expect_error(
+          [&] {
+            a2a.dispatch(b.dispatch_args(cfg, 0, true), st);
+            launch_expert(cfg, b, st);
+            try {
+              a2a.combine(b.combine_args(cfg, 0, true), st);
+            } catch (...) {
+              cudaStreamSynchronize(st);
+              throw;
+            }
+            cudaStreamSynchronize(st);
+            a2a.check();
+          },
+          "num_tokens_device holds m = " + std::to_string(M + 3));
       if (problem.empty()) problem = check_dispatch(cfg, groups, b);  // clamped to M: the full batch
       if (problem.empty()) problem = check_combine(cfg, groups, b);
       if (problem.empty()) problem = good_layer(a2a, cfg, b, st, case_seed(10));
@@ -228,12 +248,20 @@ TEST(Reliability, DeviceSideErrorsAreReportedNotWritten) {
           for (int k = 0; k < cfg.experts_per_token; ++k) to_expert0 += g.topk_idx[t * cfg.experts_per_token + k] == 0;
         }
       b.upload(cfg, groups[cfg.rank / cfg.dp_size], st);
-      a2a.dispatch(b.dispatch_args(cfg, M, false), st);
-      launch_expert(cfg, b, st);
-      a2a.combine(b.combine_args(cfg, M, false), st);
-      cudaStreamSynchronize(st);
+      auto layer = [&] {
+        a2a.dispatch(b.dispatch_args(cfg, M, false), st);
+        launch_expert(cfg, b, st);
+        try {
+          a2a.combine(b.combine_args(cfg, M, false), st);
+        } catch (...) {
+          cudaStreamSynchronize(st);
+          throw;
+        }
+        cudaStreamSynchronize(st);
+        a2a.check();
+      };
       if (cfg.rank == 0) {
-        problem = expect_error([&] { a2a.check(); }, "capacity overflow in dispatch_recv on rank 0: expert 0 received " +
+        problem = expect_error(layer, "capacity overflow in dispatch_recv on rank 0: expert 0 received " +
                                                          std::to_string(to_expert0) + " tokens but capacity = " +
                                                          std::to_string(G));
         // Nothing was written past capacity: expert 0 holds exactly `capacity` rows.
@@ -241,7 +269,7 @@ TEST(Reliability, DeviceSideErrorsAreReportedNotWritten) {
         cudaMemcpy(&n0, b.expert_num_tokens.ptr, 4, cudaMemcpyDeviceToHost);
         if (problem.empty() && n0 != G) problem = "expert_num_tokens[0] = " + std::to_string(n0) + ", expected capacity";
       } else {
-        a2a.check();
+        layer();
       }
       if (problem.empty()) problem = good_layer(a2a, cfg, b, st, case_seed(12), 1);  // m = 1 fits capacity
     } catch (const std::exception& e) {
