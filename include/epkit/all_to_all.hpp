@@ -24,13 +24,14 @@ struct DispatchArgs {
   Tensor expert_x;           // [E/W, capacity, H], dispatch dtype (output)
   Tensor expert_x_scale;     // [E/W, capacity, ceil(H/128)] fp32 (output, fp8 only)
   Tensor expert_num_tokens;  // [E/W] int32 (output): tokens placed per local expert
+  Tensor topk_weights;       // [rows >= m, K] fp32: required iff config.weights_at_dispatch, else absent
 };
 
 // Everything one combine call reads and writes; pass the same struct to both halves.
 struct CombineArgs {
   Tensor expert_y;           // [E/W, capacity, H], combine_in dtype: expert outputs, slot for slot as dispatched
   Tensor topk_idx;           // [rows >= m, K], the same indices as the matching dispatch
-  Tensor topk_weights;       // [rows >= m, K] fp32
+  Tensor topk_weights;       // [rows >= m, K] fp32; absent when config.weights_at_dispatch (dispatch carried them)
   int num_tokens = -1;       // m, as in DispatchArgs
   const int32_t* num_tokens_device = nullptr;
   Tensor out;                // [rows >= m, H], combine_out dtype (output): sum_k w[t,k] * y(idx[t,k], t)

@@ -30,6 +30,9 @@ struct AllToAllConfig {
   DataPath path = DataPath::kAuto;
   int num_sms = 0;              // blocks (one per SM) the kernels may use; 0 means all SMs
   int timeout_ms = -1;          // bound on every device-side wait; -1 means env EPKIT_TIMEOUT_MS, else 10000
+  // When true, dispatch takes the router weights with the indices and carries them in each message,
+  // and combine takes none: combine then needs no weight exchange (one network round trip fewer).
+  bool weights_at_dispatch = false;
 };
 
 // Throws epkit::Error naming the first field that is out of range and its limit.

@@ -15,9 +15,10 @@ inline constexpr size_t kSliceBytes = 2048;
 
 // A dispatch message: one per (token, destination rank). Header, then scales, then payload, so that
 // slice 0 (header + scales + the first payload slice) is one contiguous range.
-//   header: int32 token index, int32 padding x3, then K x {int32 expert, int32 rank-within-(sender, expert)}
+//   header: int32 token index, int32 padding x3, then K x {int32 expert, int32 rank-within-(sender, expert)},
+//           then K fp32 router weights when weights_at_dispatch
 struct MessageLayout {
-  size_t header_bytes = 0;   // 16 + 8 * K, rounded up to 16
+  size_t header_bytes = 0;   // 16 + 8 * K (+ 4 * K with weights_at_dispatch), rounded up to 16
   size_t scale_bytes = 0;    // ceil(H/128) * 4 for fp8, else 0 (rounded up to 16)
   size_t payload_bytes = 0;  // H * sizeof(dispatch dtype)
   size_t payload_offset = 0; // header_bytes + scale_bytes

@@ -93,7 +93,8 @@ std::vector<std::pair<std::string, int64_t>> agreement_fields(const AllToAllConf
           {"combine_in_dtype", static_cast<int64_t>(c.combine_in_dtype)},
           {"combine_out_dtype", static_cast<int64_t>(c.combine_out_dtype)},
           {"capacity", c.capacity},
-          {"path", static_cast<int64_t>(c.path)}};
+          {"path", static_cast<int64_t>(c.path)},
+          {"weights_at_dispatch", c.weights_at_dispatch ? 1 : 0}};
 }
 
 std::string to_string(const AllToAllConfig& c) {
@@ -104,7 +105,7 @@ std::string to_string(const AllToAllConfig& c) {
      << ", dispatch_dtype=" << dtype_name(c.dispatch_dtype) << ", combine_in_dtype=" << dtype_name(c.combine_in_dtype)
      << ", combine_out_dtype=" << dtype_name(c.combine_out_dtype) << ", capacity=" << c.capacity
      << ", path=" << (c.path == DataPath::kPortable ? "portable" : "auto") << ", num_sms=" << c.num_sms
-     << ", timeout_ms=" << c.timeout_ms << "}";
+     << ", timeout_ms=" << c.timeout_ms << ", weights_at_dispatch=" << (c.weights_at_dispatch ? 1 : 0) << "}";
   return os.str();
 }
 

@@ -20,7 +20,7 @@ struct Carver {
 
 MessageLayout MessageLayout::make(const AllToAllConfig& c) {
   MessageLayout m;
-  m.header_bytes = align_up(16 + 8 * static_cast<size_t>(c.experts_per_token), 16);
+  m.header_bytes = align_up(16 + (c.weights_at_dispatch ? 12 : 8) * static_cast<size_t>(c.experts_per_token), 16);
   m.scale_bytes = align_up(static_cast<size_t>(scales_per_token(c)) * sizeof(float), 16);
   m.payload_bytes = static_cast<size_t>(c.hidden) * dtype_size(c.dispatch_dtype);
   m.payload_offset = m.header_bytes + m.scale_bytes;

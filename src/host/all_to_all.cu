@@ -234,6 +234,7 @@ AllToAll::AllToAll(const Communicator& comm, const AllToAllConfig& cfg_in) : imp
   p.out_row_bytes = static_cast<int>(cfg.hidden * dtype_size(cfg.combine_out_dtype));
   p.dispatch_slices = static_cast<int>(msg.slices);
   p.combine_slices = static_cast<int>(I.sym_layout.combine_slices);
+  p.weights_at_dispatch = cfg.weights_at_dispatch ? 1 : 0;
   p.timeout_ns = static_cast<uint64_t>(resolved_timeout_ms(cfg)) * 1000000ull;
   p.sym = I.sym;
   p.peer_bases = peer_dev;
@@ -394,6 +395,14 @@ kernels::DispatchIO check_dispatch(AllToAll::Impl& I, const DispatchArgs& a, boo
     rows = r < rows ? r : rows;
     io.topk_idx = a.topk_idx.data;
     io.idx_type = index_type(a.topk_idx);
+    if (c.weights_at_dispatch) {
+      const int64_t rw = check_tensor(a.topk_weights, "topk_weights (weights_at_dispatch)", {DType::kFP32}, {-1, K});
+      rows = rw < rows ? rw : rows;
+      io.topk_weights = static_cast<const float*>(a.topk_weights.data);
+    } else {
+      EPKIT_CHECK(!a.topk_weights.defined(), call,
+                  ": topk_weights given to dispatch but weights_at_dispatch = false; pass them to combine");
+    }
     io.m = I.token_count(a.num_tokens, a.num_tokens_device, rows, call);
   }
   if (recv) {
@@ -419,9 +428,14 @@ kernels::CombineIO check_combine(AllToAll::Impl& I, const CombineArgs& a, bool s
   if (send) {
     check_tensor(a.expert_y, "expert_y", {c.combine_in_dtype}, {L, cap, H});
     io.expert_y = a.expert_y.data;
-    const int64_t r = check_tensor(a.topk_weights, "topk_weights", {DType::kFP32}, {-1, K});
-    rows = r < rows ? r : rows;
-    io.topk_weights = static_cast<const float*>(a.topk_weights.data);
+    if (c.weights_at_dispatch) {
+      EPKIT_CHECK(!a.topk_weights.defined(), call,
+                  ": topk_weights given to combine but weights_at_dispatch = true: dispatch carried them");
+    } else {
+      const int64_t r = check_tensor(a.topk_weights, "topk_weights", {DType::kFP32}, {-1, K});
+      rows = r < rows ? r : rows;
+      io.topk_weights = static_cast<const float*>(a.topk_weights.data);
+    }
   }
   if (recv) {
     const int64_t r = check_tensor(a.out, "out", {c.combine_out_dtype}, {-1, H});

@@ -106,7 +106,7 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
 
   // Router weights of our own tokens to every rank we dispatched them to, into the same slot.
   const int m = resolve_num_tokens(p, io.m, kPhaseCombineSend, seq, blockIdx.x == 0);
-  const int n_own = num_own_tokens(p, m);
+  const int n_own = p.weights_at_dispatch ? 0 : num_own_tokens(p, m);  // dispatch carried the weights
   for (int u = gw; u < n_own; u += nw) {
     const int t = u * D + gi;
     const float w = lane < K ? io.topk_weights[static_cast<size_t>(t) * K + lane] : 0.f;
@@ -148,7 +148,8 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
   const uint64_t* wctr = sym_at<uint64_t>(p, p.off_weights_recv_ctr);
   for (int s = threadIdx.x; s < W; s += blockDim.x) {
     sm.nmsg[s] = p.num_msgs[s];
-    wait_flag(p, wctr + s, p.weights_base[s] + sm.nmsg[s], Cmp::kGe, kPhaseCombineSend, kWaitWeights, s, -1, seq);
+    if (!p.weights_at_dispatch)
+      wait_flag(p, wctr + s, p.weights_base[s] + sm.nmsg[s], Cmp::kGe, kPhaseCombineSend, kWaitWeights, s, -1, seq);
   }
   __syncthreads();
   if (threadIdx.x == 0) {
@@ -184,7 +185,7 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
     for (int qq = 0; qq < kUnroll; ++qq)
 #pragma unroll
       for (int i = 0; i < 8; ++i) acc[qq][i] = 0.f;
-#pragma unroll 1
+#pragma unroll 2
     for (int k = 0; k < kMaxTopK; ++k) {
       // Broadcast entry k's slot and weight (warp-uniform, so the skip below is too).
       const int slot_k = __shfl_sync(0xffffffffu, slot, k);
@@ -320,7 +321,7 @@ __device__ void finish_layer(const CommParams& p, uint64_t seq) {
   // Dispatch arrival counts slices, weights arrival counts rows: both bases advance per message.
   for (int s = 0; s < p.world_size; ++s) {
     p.recv_base[s] += static_cast<uint64_t>(p.num_msgs[s]) * p.dispatch_slices;
-    p.weights_base[s] += static_cast<uint64_t>(p.num_msgs[s]);
+    if (!p.weights_at_dispatch) p.weights_base[s] += static_cast<uint64_t>(p.num_msgs[s]);
   }
   p.state->done_blocks = 0;
   __threadfence();

@@ -63,13 +63,16 @@ __device__ void dispatch_send(const CommParams& p, const DispatchIO& io, uint64_
   for (int u = threadIdx.x; u < n_own; u += blockDim.x) {
     const int t = u * D + gi;
     const bool before = u < u0;
-    int ranks_seen[kMaxTopK];
+    // All K loads first: interleaved with the atomics below they would go out one at a time.
+    int ex[kMaxTopK];
+#pragma unroll
+    for (int k = 0; k < kMaxTopK; ++k)
+      ex[k] = k < K ? read_expert(p, io.topk_idx, io.idx_type, static_cast<int64_t>(t) * K + k, kPhaseDispatchSend, t,
+                                  seq, blockIdx.x == 0)
+                    : -1;
 #pragma unroll
     for (int k = 0; k < kMaxTopK; ++k) {
-      ranks_seen[k] = -1;
-      if (k >= K) continue;
-      const int e = read_expert(p, io.topk_idx, io.idx_type, static_cast<int64_t>(t) * K + k, kPhaseDispatchSend, t,
-                                seq, blockIdx.x == 0);
+      const int e = ex[k];
       if (e < 0) continue;
       atomicAdd(&sm.cnt_total[e], 1);
       if (before) atomicAdd(&sm.run_e[e], 1);
@@ -77,8 +80,7 @@ __device__ void dispatch_send(const CommParams& p, const DispatchIO& io, uint64_
       bool first = true;
 #pragma unroll
       for (int k2 = 0; k2 < kMaxTopK; ++k2)
-        if (k2 < k && ranks_seen[k2] == r) first = false;
-      ranks_seen[k] = r;
+        if (k2 < k && ex[k2] >= 0 && ex[k2] / L == r) first = false;
       if (first) {
         atomicAdd(&sm.dst_total[r], 1);
         if (before) atomicAdd(&sm.run_d[r], 1);
@@ -153,8 +155,11 @@ __device__ void dispatch_send(const CommParams& p, const DispatchIO& io, uint64_
         auto word = [&](int wd) -> int32_t {
           if (wd == 0) return t;
           if (wd < 4) return 0;
+          if (wd >= 4 + 2 * K) {  // router weights (weights_at_dispatch), then padding
+            const int k = wd - 4 - 2 * K;
+            return io.topk_weights && k < K ? __float_as_int(io.topk_weights[static_cast<size_t>(t) * K + k]) : -1;
+          }
           const int k = (wd - 4) / 2;
-          if (k >= K) return -1;
           return ((wd - 4) & 1) ? sm.tok_rk[ui * K + k] : sm.tok_e[ui * K + k];
         };
         hw0 = lane < hdr_words ? word(lane) : 0;
@@ -299,6 +304,9 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
       int32_t* map = p.recv_map + (static_cast<size_t>(s) * S + j) * (K + 1);
       if (lane == 0) map[0] = __ldcg(hdr);
       if (lane < K) map[1 + lane] = slot;
+      if (p.weights_at_dispatch && lane < K)  // where combine_send would otherwise receive them
+        sym_at<float>(p, p.off_weights_recv)[(static_cast<size_t>(s) * S + j) * K + lane] =
+            __int_as_float(__ldcg(hdr + 4 + 2 * K + lane));
     }
     int slots[kMaxTopK];
 #pragma unroll

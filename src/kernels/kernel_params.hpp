@@ -56,6 +56,7 @@ struct CommParams {
   int msg_bytes, header_bytes, payload_bytes, payload_offset, out_row_bytes;
   int dispatch_slices;  // slices per dispatch message (arrival counters count slices)
   int combine_slices;   // slices per combine output row (one flag each)
+  int weights_at_dispatch;  // 1: weights travel in the dispatch header, combine exchanges none
   uint64_t timeout_ns;
 
   uint8_t* sym;                 // this rank's symmetric base (nvshmem addresses)
@@ -87,6 +88,7 @@ struct DispatchIO {
   const float* x_scale;       // [rows, num_scales] or null
   const void* topk_idx;       // [rows, K]
   int32_t idx_type;
+  const float* topk_weights;  // [rows, K] with weights_at_dispatch, else null
   TokenCount m;
   uint8_t* expert_x;          // [L, capacity, H]
   float* expert_x_scale;      // [L, capacity, num_scales] or null

@@ -40,6 +40,10 @@ TEST(Layout, MessageBytes) {
   EXPECT_EQ(b.payload_bytes, 14336u);
   EXPECT_EQ(b.scale_bytes, 0u);
   EXPECT_EQ(b.payload_offset, 32u);
+  c.weights_at_dispatch = true;  // K fp32 weights join the header
+  EXPECT_EQ(MessageLayout::make(c).header_bytes, 32u);  // 16 + 12 * 1 = 28, rounded up
+  c.experts_per_token = 8;
+  EXPECT_EQ(MessageLayout::make(c).header_bytes, 112u);
   EXPECT_EQ(b.slices, 7u);
 }
 

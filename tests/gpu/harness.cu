@@ -211,6 +211,7 @@ DispatchArgs RankBuffers::dispatch_args(const AllToAllConfig& cfg, int m, bool d
   a.expert_x = Tensor(expert_x.ptr, cfg.dispatch_dtype, {L, cap, H});
   if (ns) a.expert_x_scale = Tensor(expert_x_scale.ptr, DType::kFP32, {L, cap, ns});
   a.expert_num_tokens = Tensor(expert_num_tokens.ptr, DType::kInt32, {L});
+  if (cfg.weights_at_dispatch) a.topk_weights = Tensor(weights.ptr, DType::kFP32, {M, K});
   return a;
 }
 
@@ -220,7 +221,7 @@ CombineArgs RankBuffers::combine_args(const AllToAllConfig& cfg, int m, bool dev
   CombineArgs a;
   a.expert_y = Tensor(expert_y.ptr, cfg.combine_in_dtype, {L, cap, H});
   a.topk_idx = Tensor(topk_idx.ptr, idx_dtype, {M, K});
-  a.topk_weights = Tensor(weights.ptr, DType::kFP32, {M, K});
+  if (!cfg.weights_at_dispatch) a.topk_weights = Tensor(weights.ptr, DType::kFP32, {M, K});
   if (device_m) a.num_tokens_device = m_dev.as<int32_t>(); else a.num_tokens = m;
   a.out = Tensor(out.ptr, cfg.combine_out_dtype, {M, H});
   return a;

@@ -38,6 +38,7 @@ AllToAllConfig make_config(int hidden, int topk, int experts, DType payload, int
   c.combine_in_dtype = ins[variant % 3];
   c.combine_out_dtype = outs[variant % 2];
   c.path = g_portable ? DataPath::kPortable : DataPath::kAuto;
+  c.weights_at_dispatch = variant % 4 == 1;  // both ways of passing the router weights
   return c;
 }
 

@@ -90,6 +90,8 @@ Options parse_options(const std::vector<std::string>& args) {
       flag(o.help);
     } else if (name == "--portable") {
       flag(o.portable);
+    } else if (name == "--weights-at-dispatch") {
+      flag(o.weights_at_dispatch);
     } else if (name == "--no-baselines") {
       bool off = false;
       flag(off);
@@ -187,6 +189,7 @@ Run as: epkit-run -n N epkit-bench [options]
   --warmup N             untimed iterations before each mode; default 20
   --graph-iters N        dispatch+combine pairs per captured CUDA graph; default 10
   --portable             force DataPath::kPortable (put-with-signal to every peer)
+  --weights-at-dispatch  router weights travel with dispatch; combine exchanges none
   --num-sms N            blocks the kernels may use; default 0 = all SMs
   --no-baselines         skip the NCCL and NVSHMEM dense all-to-all baselines
   --nccl-mode M          alltoall (ncclAlltoAll where the NCCL build has it) | sendrecv (grouped, as torch does)

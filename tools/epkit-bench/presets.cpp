@@ -53,6 +53,7 @@ std::vector<Case> expand_cases(const Options& opt, int world_size, int rank) {
       cfg.max_tokens_per_rank = std::max(m, opt.max_tokens);
       cfg.capacity = opt.capacity;
       cfg.path = opt.portable ? DataPath::kPortable : DataPath::kAuto;
+      cfg.weights_at_dispatch = opt.weights_at_dispatch;
       cfg.num_sms = opt.num_sms;
       EPKIT_CHECK(cfg.experts_per_token <= cfg.num_experts, "--topk ", cfg.experts_per_token,
                   " exceeds the number of experts ", cfg.num_experts, " (preset ", p.name,

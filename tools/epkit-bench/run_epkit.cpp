@@ -51,7 +51,8 @@ Row run_epkit(const Communicator& comm, const Case& c, const GroupRouting& mine,
               const Options& opt, const Ceilings& ceilings, cudaStream_t stream) {
   const AllToAllConfig& cfg = c.cfg;
   Row row = make_row_identity(c, "epkit");
-  row.path = cfg.path == DataPath::kPortable ? "portable" : "auto";
+  row.path = std::string(cfg.path == DataPath::kPortable ? "portable" : "auto") +
+             (cfg.weights_at_dispatch ? "+weights-at-dispatch" : "");
 
   AllToAll a2a(comm, cfg);
   row.symmetric_bytes = static_cast<int64_t>(a2a.symmetric_bytes());
@@ -101,7 +102,8 @@ Row run_epkit(const Communicator& comm, const Case& c, const GroupRouting& mine,
   CombineArgs cb;
   cb.expert_y = Tensor(expert_y.get(), cin, {L, cap, H});
   cb.topk_idx = d.topk_idx;
-  cb.topk_weights = Tensor(topk_w.get(), DType::kFP32, {M, K});
+  // With weights_at_dispatch the weights ride in the dispatch messages and combine takes none.
+  (cfg.weights_at_dispatch ? d.topk_weights : cb.topk_weights) = Tensor(topk_w.get(), DType::kFP32, {M, K});
   cb.num_tokens = m;
   cb.out = Tensor(out.get(), cout, {M, H});
 
