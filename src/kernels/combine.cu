@@ -105,7 +105,8 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
   __syncthreads();
 
   // Router weights of our own tokens to every rank we dispatched them to, into the same slot.
-  const int m = resolve_num_tokens(p, io.m, kPhaseCombineSend, seq, blockIdx.x == 0);
+  // Reported by dispatch_send only: one bad m is one error, not one per kernel of the layer.
+  const int m = resolve_num_tokens(p, io.m, kPhaseCombineSend, seq, false);
   const int n_own = p.weights_at_dispatch ? 0 : num_own_tokens(p, m);  // dispatch carried the weights
   for (int u = gw; u < n_own; u += nw) {
     const int t = u * D + gi;
