@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -190,10 +191,11 @@ TEST(Reliability, DeviceSideErrorsAreReportedNotWritten) {
       // skips indices outside [0, E) too).
       problem = err.empty() ? check_dispatch(cfg, groups, b) : err;
       if (problem.empty()) problem = check_combine(cfg, groups, b);
-      if (problem.empty()) problem = good_layer(a2a, cfg, b, st, case_seed(8));
     } catch (const std::exception& e) {
       problem = e.what();
     }
+    const std::string after = good_layer(a2a, cfg, b, st, case_seed(8));  // every rank, always
+    if (problem.empty()) problem = after;
     AGREE_OR_FAIL(problem, "expert index out of range");
   }
   // 2) Device-side m larger than max_tokens_per_rank: clamped to M and reported.
@@ -225,13 +227,16 @@ TEST(Reliability, DeviceSideErrorsAreReportedNotWritten) {
           "num_tokens_device holds m = " + std::to_string(M + 3));
       if (problem.empty()) problem = check_dispatch(cfg, groups, b);  // clamped to M: the full batch
       if (problem.empty()) problem = check_combine(cfg, groups, b);
-      if (problem.empty()) problem = good_layer(a2a, cfg, b, st, case_seed(10));
     } catch (const std::exception& e) {
       problem = e.what();
     }
+    const std::string after = good_layer(a2a, cfg, b, st, case_seed(10));  // every rank, always
+    if (problem.empty()) problem = after;
     AGREE_OR_FAIL(problem, "device m > M");
   }
-  // 3) Capacity overflow: every token of every group to one expert, capacity = number of groups.
+  // 3) Capacity overflow: capacity = number of groups and every token also routed to expert 0, so
+  // expert 0 (on rank 0) overflows and, with this routing, most other experts do too. Every rank
+  // whose experts overflow must report it; every count must be clamped to capacity.
   {
     const AllToAllConfig cfg = small_config(1, G);
     AllToAll a2a(comm(), cfg);
@@ -239,14 +244,15 @@ TEST(Reliability, DeviceSideErrorsAreReportedNotWritten) {
     b.allocate(cfg, DType::kUInt32);
     std::string problem;
     try {
-      const int M = cfg.max_tokens_per_rank;
+      const int M = cfg.max_tokens_per_rank, K = cfg.experts_per_token, L = num_local_experts(cfg);
       auto groups = make_inputs(cfg, Routing::kUniform, M, case_seed(11));
-      int to_expert0 = 0;
       for (auto& g : groups)
-        for (int t = 0; t < M; ++t) {
-          g.topk_idx[t * cfg.experts_per_token] = 0;  // expert 0 lives on rank 0
-          for (int k = 0; k < cfg.experts_per_token; ++k) to_expert0 += g.topk_idx[t * cfg.experts_per_token + k] == 0;
-        }
+        for (int t = 0; t < M; ++t) g.topk_idx[t * K] = 0;  // expert 0 lives on rank 0
+      std::vector<ref::GroupRouting> routing(groups.size());
+      for (size_t g = 0; g < groups.size(); ++g) routing[g] = {groups[g].m, groups[g].topk_idx};
+      const std::vector<int> want = ref::expert_counts(cfg, cfg.rank, routing);
+      bool overflows = false;
+      for (int c : want) overflows |= c > G;
       b.upload(cfg, groups[cfg.rank / cfg.dp_size], st);
       auto layer = [&] {
         a2a.dispatch(b.dispatch_args(cfg, M, false), st);
@@ -260,21 +266,23 @@ TEST(Reliability, DeviceSideErrorsAreReportedNotWritten) {
         cudaStreamSynchronize(st);
         a2a.check();
       };
-      if (cfg.rank == 0) {
-        problem = expect_error(layer, "capacity overflow in dispatch_recv on rank 0: expert 0 received " +
-                                                         std::to_string(to_expert0) + " tokens but capacity = " +
-                                                         std::to_string(G));
-        // Nothing was written past capacity: expert 0 holds exactly `capacity` rows.
-        int32_t n0 = -1;
-        cudaMemcpy(&n0, b.expert_num_tokens.ptr, 4, cudaMemcpyDeviceToHost);
-        if (problem.empty() && n0 != G) problem = "expert_num_tokens[0] = " + std::to_string(n0) + ", expected capacity";
-      } else {
+      if (overflows)
+        problem = expect_error(layer, "capacity overflow in dispatch_recv on rank " + std::to_string(cfg.rank));
+      else
         layer();
-      }
-      if (problem.empty()) problem = good_layer(a2a, cfg, b, st, case_seed(12), 1);  // m = 1 fits capacity
+      if (cfg.rank == 0 && !overflows) problem = "expert 0 should have overflowed";
+      std::vector<int32_t> got(L);
+      cudaMemcpy(got.data(), b.expert_num_tokens.ptr, L * 4, cudaMemcpyDeviceToHost);
+      for (int el = 0; el < L && problem.empty(); ++el)
+        if (got[el] != std::min(want[el], G))
+          problem = "expert_num_tokens[" + std::to_string(el) + "] = " + std::to_string(got[el]) + ", expected min(" +
+                    std::to_string(want[el]) + ", capacity " + std::to_string(G) + ")";
     } catch (const std::exception& e) {
       problem = e.what();
     }
+    // Every rank runs the next layer, whatever happened above, so that none is left waiting.
+    const std::string after = good_layer(a2a, cfg, b, st, case_seed(12), 1);  // m = 1 fits capacity
+    if (problem.empty()) problem = after;
     AGREE_OR_FAIL(problem, "capacity overflow");
   }
   cudaStreamDestroy(st);
