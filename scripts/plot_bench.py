@@ -22,11 +22,15 @@ def series(rows, metric):
     for r in rows:
         key = (r["preset"], r["world_size"])
         med, p99 = r.get(f"{metric}_us_median"), r.get(f"{metric}_us_p99")
+        # epkit variants (portable path, weights at dispatch) get their own lines.
+        name = r["system"]
+        if name == "epkit" and r.get("path", "auto") != "auto":
+            name = f"epkit ({r['path']})"
         if finite(med):
-            out[key][r["system"]].append((r["tokens"], med, p99 if finite(p99) else med))
+            out[key][name].append((r["tokens"], med, p99 if finite(p99) else med))
         if r["system"] == "epkit" and metric == "total" and finite(r.get("graph_total_us_median")):
             g99 = r.get("graph_total_us_p99")
-            out[key]["epkit (graph)"].append(
+            out[key][name + " graph"].append(
                 (r["tokens"], r["graph_total_us_median"], g99 if finite(g99) else r["graph_total_us_median"]))
     for panel in out.values():
         for pts in panel.values():
@@ -53,7 +57,8 @@ def main(argv):
 
     panels = sorted(data)
     fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.2), squeeze=False)
-    styles = {"epkit": ("C0", "-o"), "epkit (graph)": ("C0", "--s"), "nccl": ("C1", "-^"), "nvshmem": ("C2", "-v")}
+    styles = {"epkit": ("C0", "-o"), "epkit graph": ("C0", "--s"), "nccl": ("C1", "-^"), "nvshmem": ("C2", "-v"),
+              "epkit (auto+weights-at-dispatch)": ("C3", "-o"), "epkit (auto+weights-at-dispatch) graph": ("C3", "--s")}
     for ax, key in zip(axes[0], panels):
         for label, pts in sorted(data[key].items()):
             color, fmt = styles.get(label, (None, "-x"))

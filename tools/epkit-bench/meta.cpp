@@ -7,6 +7,8 @@
 #include <cstdlib>
 #include <ctime>
 #include <fstream>
+#include <algorithm>
+#include <sstream>
 
 #include "epkit/probes.hpp"
 
@@ -28,13 +30,14 @@ std::string kernel_driver_version() {
   std::ifstream f("/proc/driver/nvidia/version");
   std::string line;
   if (!std::getline(f, line)) return "unknown";
-  // "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.95.05  Tue ..."
-  const std::string key = "Kernel Module";
-  const size_t at = line.find(key);
-  if (at == std::string::npos) return line;
-  size_t b = line.find_first_not_of(' ', at + key.size());
-  size_t e = line.find(' ', b);
-  return b == std::string::npos ? line : line.substr(b, e - b);
+  // "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.95.05  Tue ..." or "... Open Kernel Module
+  // for x86_64  580.159.04 ...": the version is the first word made of digits and two or more dots.
+  std::istringstream words(line);
+  for (std::string w; words >> w;) {
+    const bool digits_dots = w.find_first_not_of("0123456789.") == std::string::npos;
+    if (digits_dots && std::count(w.begin(), w.end(), '.') >= 2) return w;
+  }
+  return line;
 }
 
 std::string env_or(const char* name, const char* fallback) {
@@ -45,6 +48,8 @@ std::string env_or(const char* name, const char* fallback) {
 }  // namespace
 
 std::string git_commit() {
+  // A copy of the tree without git history (as on a lent GPU machine) can be told its commit.
+  if (const char* c = std::getenv("EPKIT_COMMIT"); c && *c) return c;
   const std::string cmd = std::string("git -C '") + EPKIT_BENCH_SOURCE_DIR + "' rev-parse HEAD 2>/dev/null";
   if (FILE* p = popen(cmd.c_str(), "r")) {
     char buf[128] = {};
