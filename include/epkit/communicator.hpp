@@ -59,6 +59,7 @@ class Communicator {
 
  private:
   Communicator() = default;
+  static Communicator adopt();  // wraps the NVSHMEM instance just initialised in this process
   int rank_ = -1, world_size_ = 0, local_rank_ = 0, device_ = 0;
   bool owns_ = false;
 };

@@ -30,6 +30,19 @@ int env_int(const char* name, int dflt) {
               "' is not a non-negative integer");
   return static_cast<int>(x);
 }
+// nvshmemx_init_attr() exits the process on failure; call the function behind it and throw instead.
+void init_nvshmem(unsigned flags, nvshmemx_init_attr_t& attr, const std::string& who) {
+  int provided = 0;
+  nvshmemi_version_t version = {NVSHMEM_VENDOR_MAJOR_VERSION, NVSHMEM_VENDOR_MINOR_VERSION,
+                                NVSHMEM_VENDOR_PATCH_VERSION};
+  nvshmemx_init_init_attr_ver_only(attr);
+  const int status = nvshmemi_init_thread(NVSHMEM_THREAD_SERIALIZED, &provided, flags, &attr, version);
+  if (status != 0) {
+    g_live = 0;
+    EPKIT_FAIL("NVSHMEM initialisation failed with status ", status, " (", who, ")");
+  }
+}
+
 }  // namespace
 
 bool peers_unreachable() { return g_unreachable.load(); }
@@ -64,25 +77,21 @@ Communicator Communicator::from_unique_id(int rank, int world_size, const Unique
     g_live = 0;
     EPKIT_FAIL("nvshmemx_set_attr_uniqueid_args(rank = ", rank, ", world_size = ", world_size, ") failed");
   }
-  // nvshmemx_init_attr() exits the process on failure; call the function behind it and throw instead.
-  int provided = 0;
-  nvshmemi_version_t version = {NVSHMEM_VENDOR_MAJOR_VERSION, NVSHMEM_VENDOR_MINOR_VERSION,
-                                NVSHMEM_VENDOR_PATCH_VERSION};
-  nvshmemx_init_init_attr_ver_only(attr);
-  const int status =
-      nvshmemi_init_thread(NVSHMEM_THREAD_SERIALIZED, &provided, NVSHMEMX_INIT_WITH_UNIQUEID, &attr, version);
-  if (status != 0) {
-    g_live = 0;
-    EPKIT_FAIL("NVSHMEM initialisation failed with status ", status, " (rank ", rank, " of ", world_size, ")");
-  }
+  init_nvshmem(NVSHMEMX_INIT_WITH_UNIQUEID, attr,
+               "rank " + std::to_string(rank) + " of " + std::to_string(world_size));
+  Communicator c = adopt();
+  EPKIT_CHECK(c.rank_ == rank && c.world_size_ == world_size, "NVSHMEM reports PE ", c.rank_, " of ", c.world_size_,
+              ", expected ", rank, " of ", world_size);
+  return c;
+}
+
+Communicator Communicator::adopt() {
   Communicator c;
   c.rank_ = nvshmem_my_pe();
   c.world_size_ = nvshmem_n_pes();
   c.local_rank_ = env_int("LOCAL_RANK", 0);
   EPKIT_CUDA_CHECK(cudaGetDevice(&c.device_));
   c.owns_ = true;
-  EPKIT_CHECK(c.rank_ == rank && c.world_size_ == world_size, "NVSHMEM reports PE ", c.rank_, " of ", c.world_size_,
-              ", expected ", rank, " of ", world_size);
   transport::control_init(c.world_size_);
   return c;
 }
@@ -114,25 +123,12 @@ Communicator Communicator::from_mpi(void* mpi_comm, int device) {
   int expected = 0;
   EPKIT_CHECK(g_live.compare_exchange_strong(expected, 1), "NVSHMEM is already initialised in this process");
   nvshmemx_init_attr_t attr = NVSHMEMX_INIT_ATTR_INITIALIZER;
-  EPKIT_CHECK(nvshmemx_set_attr_mpi_comm_args(mpi_comm, &attr) == 0, "nvshmemx_set_attr_mpi_comm_args failed");
-  int provided = 0;
-  nvshmemi_version_t version = {NVSHMEM_VENDOR_MAJOR_VERSION, NVSHMEM_VENDOR_MINOR_VERSION,
-                                NVSHMEM_VENDOR_PATCH_VERSION};
-  nvshmemx_init_init_attr_ver_only(attr);
-  const int status =
-      nvshmemi_init_thread(NVSHMEM_THREAD_SERIALIZED, &provided, NVSHMEMX_INIT_WITH_MPI_COMM, &attr, version);
-  if (status != 0) {
+  if (nvshmemx_set_attr_mpi_comm_args(mpi_comm, &attr) != 0) {
     g_live = 0;
-    EPKIT_FAIL("NVSHMEM initialisation over MPI failed with status ", status);
+    EPKIT_FAIL("nvshmemx_set_attr_mpi_comm_args failed");
   }
-  Communicator c;
-  c.rank_ = nvshmem_my_pe();
-  c.world_size_ = nvshmem_n_pes();
-  c.local_rank_ = env_int("LOCAL_RANK", 0);
-  EPKIT_CUDA_CHECK(cudaGetDevice(&c.device_));
-  c.owns_ = true;
-  transport::control_init(c.world_size_);
-  return c;
+  init_nvshmem(NVSHMEMX_INIT_WITH_MPI_COMM, attr, "MPI bootstrap");
+  return adopt();
 }
 #endif
 

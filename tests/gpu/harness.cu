@@ -47,8 +47,28 @@ void encode(DType t, float v, uint8_t* p) {
 }
 }  // namespace
 
-void set_comm(Communicator* c) { g_comm = c; }
 Communicator& comm() { return *g_comm; }
+
+int gpu_test_main(int argc, char** argv, void (*parse)(int argc, char** argv)) {
+  ::testing::InitGoogleTest(&argc, argv);
+  if (parse) parse(argc, argv);
+  int ndev = 0;
+  if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
+    std::printf("skipped: no GPU\n");
+    return 77;
+  }
+  try {
+    Communicator c = Communicator::from_env();
+    g_comm = &c;
+    const int rc = RUN_ALL_TESTS();
+    c.barrier();
+    g_comm = nullptr;
+    return rc;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "fatal: %s\n", e.what());
+    return 1;
+  }
+}
 
 uint64_t case_seed(uint64_t case_id) {
   static const uint64_t base = [] {

@@ -17,8 +17,24 @@ namespace epkit::test {
 
 #define CUDA_OK(expr) ASSERT_EQ((expr), cudaSuccess) << #expr << ": " << cudaGetErrorString(expr)
 
-// The process's Communicator, created in main() from the epkit-run environment.
+// The process's Communicator, created by gpu_test_main from the epkit-run environment.
 Communicator& comm();
+
+// main() of every GPU test binary: initialises GoogleTest, hands the remaining arguments to
+// `parse` (may be null), exits 77 ("skipped: no GPU") without a GPU, brings up the Communicator,
+// runs the tests and meets the other ranks at a barrier before returning.
+int gpu_test_main(int argc, char** argv, void (*parse)(int argc, char** argv));
+
+// Agrees across ranks; on failure every rank reports and the test stops on every rank, so a
+// problem on one rank never leaves the others waiting in the next collective call.
+#define AGREE_OR_FAIL(problem, what)                                                                \
+  do {                                                                                              \
+    const std::string _p = (problem);                                                               \
+    if (!::epkit::test::all_ranks(_p.empty())) {                                                    \
+      FAIL() << "rank " << ::epkit::test::comm().rank() << ": "                                     \
+             << (_p.empty() ? "ok here, failed on another rank" : _p) << "\n  case: " << (what);   \
+    }                                                                                               \
+  } while (0)
 // Fresh per launch: EPKIT_RUN_SEED (epkit-run draws a new one each launch), mixed with a case id.
 uint64_t case_seed(uint64_t case_id);
 // True on every rank iff `ok` is true on every rank (host allgather).

@@ -12,10 +12,6 @@
 #include "harness.hpp"
 
 namespace epkit::test {
-void set_comm(Communicator* c);
-}
-
-namespace epkit::test {
 namespace {
 
 int g_dp = 1;
@@ -88,16 +84,6 @@ void run_layer(AllToAll& a2a, const AllToAllConfig& cfg, const RankBuffers& b, i
 std::string describe(const AllToAllConfig& c, Routing r, int m) {
   return to_string(c) + " routing=" + routing_name(r) + " m=" + std::to_string(m);
 }
-
-// Agrees across ranks; on failure every rank reports and the test stops on every rank.
-#define AGREE_OR_FAIL(problem, what)                                                                \
-  do {                                                                                              \
-    const std::string _p = (problem);                                                               \
-    if (!all_ranks(_p.empty())) {                                                                   \
-      FAIL() << "rank " << comm().rank() << ": " << (_p.empty() ? "ok here, failed on another rank" : _p) \
-             << "\n  case: " << (what);                                                             \
-    }                                                                                               \
-  } while (0)
 
 struct Shape {
   int hidden, topk, experts;
@@ -251,28 +237,13 @@ TEST(AllToAll, EightLayersWithoutHostSync) {
 }  // namespace epkit::test
 
 int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--portable")) epkit::test::g_portable = true;
-    else if (!std::strcmp(argv[i], "--dp") && i + 1 < argc) epkit::test::g_dp = std::atoi(argv[++i]);
-    else if (!std::strcmp(argv[i], "--sweep") && i + 1 < argc) epkit::test::g_full = std::strcmp(argv[++i], "quick") != 0;
-  }
-  int ndev = 0;
-  if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
-    std::printf("skipped: no GPU\n");
-    return 77;
-  }
-  try {
-    epkit::Communicator comm = epkit::Communicator::from_env();
-    epkit::test::set_comm(&comm);
-    if (comm.rank() == 0)
-      std::printf("world_size=%d dp=%d path=%s sweep=%s\n", comm.world_size(), epkit::test::g_dp,
-                  epkit::test::g_portable ? "portable" : "auto", epkit::test::g_full ? "full" : "quick");
-    const int rc = RUN_ALL_TESTS();
-    comm.barrier();
-    return rc;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "fatal: %s\n", e.what());
-    return 1;
-  }
+  return epkit::test::gpu_test_main(argc, argv, [](int n, char** v) {
+    for (int i = 1; i < n; ++i) {
+      if (!std::strcmp(v[i], "--portable")) epkit::test::g_portable = true;
+      else if (!std::strcmp(v[i], "--dp") && i + 1 < n) epkit::test::g_dp = std::atoi(v[++i]);
+      else if (!std::strcmp(v[i], "--sweep") && i + 1 < n) epkit::test::g_full = std::strcmp(v[++i], "quick") != 0;
+    }
+    std::printf("dp=%d path=%s sweep=%s\n", epkit::test::g_dp, epkit::test::g_portable ? "portable" : "auto",
+                epkit::test::g_full ? "full" : "quick");
+  });
 }

@@ -14,10 +14,6 @@
 #include "harness.hpp"
 
 namespace epkit::test {
-void set_comm(Communicator* c);
-}
-
-namespace epkit::test {
 namespace {
 
 int g_stress_iters = 10000;
@@ -36,15 +32,6 @@ AllToAllConfig small_config(int dp, int capacity = 0) {
   return c;
 }
 
-#define AGREE_OR_FAIL(problem, what)                                                                \
-  do {                                                                                              \
-    const std::string _p = (problem);                                                               \
-    if (!all_ranks(_p.empty())) {                                                                   \
-      FAIL() << "rank " << comm().rank() << ": " << (_p.empty() ? "ok here, failed on another rank" : _p) \
-             << "\n  case: " << (what);                                                             \
-    }                                                                                               \
-  } while (0)
-
 // Runs one checked layer; returns "" or the problem.
 std::string good_layer(AllToAll& a2a, const AllToAllConfig& cfg, RankBuffers& b, cudaStream_t st, uint64_t seed,
                        int m = 9) {
@@ -61,6 +48,23 @@ std::string good_layer(AllToAll& a2a, const AllToAllConfig& cfg, RankBuffers& b,
   } catch (const std::exception& e) {
     return e.what();
   }
+}
+
+// Runs dispatch, expert and combine with the given arguments, then check(). A recoverable error
+// may surface from combine (after it launched) or from check(); either way the stream is drained
+// first, so the caller can read the outputs.
+void layer_then_check(AllToAll& a2a, const AllToAllConfig& cfg, const RankBuffers& b, int m, bool device_m,
+                      cudaStream_t st) {
+  a2a.dispatch(b.dispatch_args(cfg, m, device_m), st);
+  launch_expert(cfg, b, st);
+  try {
+    a2a.combine(b.combine_args(cfg, m, device_m), st);
+  } catch (...) {
+    cudaStreamSynchronize(st);
+    throw;
+  }
+  cudaStreamSynchronize(st);
+  a2a.check();
 }
 
 // Expects fn to throw epkit::Error whose message contains `needle`.
@@ -172,18 +176,7 @@ TEST(Reliability, DeviceSideErrorsAreReportedNotWritten) {
       b.upload(cfg, groups[cfg.rank / cfg.dp_size], st);
       const bool owner = cfg.rank == dp_sender_rank(cfg, 0, 0);
       // Raised at the end of the layer (after combine launched) or by check(), never mid-layer.
-      auto layer = [&] {
-        a2a.dispatch(b.dispatch_args(cfg, 6, false), st);
-        launch_expert(cfg, b, st);
-        try {
-          a2a.combine(b.combine_args(cfg, 6, false), st);
-        } catch (...) {
-          cudaStreamSynchronize(st);
-          throw;
-        }
-        cudaStreamSynchronize(st);
-        a2a.check();
-      };
+      auto layer = [&] { layer_then_check(a2a, cfg, b, 6, false, st); };
       std::string err;
       if (owner) err = expect_error(layer, "but num_experts = " + std::to_string(cfg.num_experts));
       else layer();
@@ -211,20 +204,8 @@ TEST(Reliability, DeviceSideErrorsAreReportedNotWritten) {
       b.upload(cfg, groups[cfg.rank / cfg.dp_size], st);
       const int32_t too_many = M + 3;
       cudaMemcpy(b.m_dev.ptr, &too_many, 4, cudaMemcpyHostToDevice);
-      problem = expect_error(
-          [&] {
-            a2a.dispatch(b.dispatch_args(cfg, 0, true), st);
-            launch_expert(cfg, b, st);
-            try {
-              a2a.combine(b.combine_args(cfg, 0, true), st);
-            } catch (...) {
-              cudaStreamSynchronize(st);
-              throw;
-            }
-            cudaStreamSynchronize(st);
-            a2a.check();
-          },
-          "num_tokens_device holds m = " + std::to_string(M + 3));
+      problem = expect_error([&] { layer_then_check(a2a, cfg, b, 0, true, st); },
+                             "num_tokens_device holds m = " + std::to_string(M + 3));
       if (problem.empty()) problem = check_dispatch(cfg, groups, b);  // clamped to M: the full batch
       if (problem.empty()) problem = check_combine(cfg, groups, b);
     } catch (const std::exception& e) {
@@ -254,18 +235,7 @@ TEST(Reliability, DeviceSideErrorsAreReportedNotWritten) {
       bool overflows = false;
       for (int c : want) overflows |= c > G;
       b.upload(cfg, groups[cfg.rank / cfg.dp_size], st);
-      auto layer = [&] {
-        a2a.dispatch(b.dispatch_args(cfg, M, false), st);
-        launch_expert(cfg, b, st);
-        try {
-          a2a.combine(b.combine_args(cfg, M, false), st);
-        } catch (...) {
-          cudaStreamSynchronize(st);
-          throw;
-        }
-        cudaStreamSynchronize(st);
-        a2a.check();
-      };
+      auto layer = [&] { layer_then_check(a2a, cfg, b, M, false, st); };
       if (overflows)
         problem = expect_error(layer, "capacity overflow in dispatch_recv on rank " + std::to_string(cfg.rank));
       else
@@ -349,22 +319,8 @@ TEST(Reliability, StressAgainstReference) {
 }  // namespace epkit::test
 
 int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  for (int i = 1; i < argc; ++i)
-    if (!std::strcmp(argv[i], "--stress") && i + 1 < argc) epkit::test::g_stress_iters = std::atoi(argv[++i]);
-  int ndev = 0;
-  if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
-    std::printf("skipped: no GPU\n");
-    return 77;
-  }
-  try {
-    epkit::Communicator comm = epkit::Communicator::from_env();
-    epkit::test::set_comm(&comm);
-    const int rc = RUN_ALL_TESTS();
-    comm.barrier();
-    return rc;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "fatal: %s\n", e.what());
-    return 1;
-  }
+  return epkit::test::gpu_test_main(argc, argv, [](int n, char** v) {
+    for (int i = 1; i < n; ++i)
+      if (!std::strcmp(v[i], "--stress") && i + 1 < n) epkit::test::g_stress_iters = std::atoi(v[++i]);
+  });
 }
