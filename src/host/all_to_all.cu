@@ -9,6 +9,7 @@
 
 #include "epkit/all_to_all.hpp"
 #include "epkit/error.hpp"
+#include "host/validate.hpp"
 #include "kernels/launch.hpp"
 #include "transport/control.cuh"
 #include "transport/cuda_check.hpp"
@@ -40,38 +41,6 @@ const char* wait_name(int w) {
   return w >= 0 && w < 6 ? n[w] : "?";
 }
 
-// Checks dtype, rank and the fixed dims of a tensor (-1 = any); returns dim 0.
-int64_t check_tensor(const Tensor& t, const char* name, std::initializer_list<DType> dtypes,
-                     std::initializer_list<int64_t> dims) {
-  EPKIT_CHECK(t.data != nullptr, name, " is missing (null data pointer)");
-  bool ok = false;
-  std::string allowed;
-  for (DType d : dtypes) {
-    ok |= t.dtype == d;
-    allowed += (allowed.empty() ? "" : " or ") + std::string(dtype_name(d));
-  }
-  EPKIT_CHECK(ok, name, " has dtype ", dtype_name(t.dtype), ", expected ", allowed);
-  EPKIT_CHECK(t.ndim == static_cast<int>(dims.size()), name, " has shape ", t.shape_str(), " (", t.ndim,
-              " dims), expected ", dims.size(), " dims");
-  int i = 0;
-  for (int64_t d : dims) {
-    EPKIT_CHECK(d < 0 || t.shape[i] == d, name, " has shape ", t.shape_str(), ": dim ", i, " is ", t.shape[i],
-                ", expected ", d);
-    EPKIT_CHECK(t.shape[i] >= 0, name, " has negative dim ", i);
-    ++i;
-  }
-  EPKIT_CHECK(reinterpret_cast<uintptr_t>(t.data) % 16 == 0, name, " data pointer is not 16-byte aligned");
-  return t.shape[0];
-}
-
-kernels::IndexType index_type(const Tensor& t) {
-  switch (t.dtype) {
-    case DType::kInt32: return kernels::kIdxInt32;
-    case DType::kInt64: return kernels::kIdxInt64;
-    default: return kernels::kIdxUInt32;
-  }
-}
-
 }  // namespace
 
 struct AllToAll::Impl {
@@ -98,22 +67,7 @@ struct AllToAll::Impl {
     EPKIT_CHECK(!dead, call, ": this AllToAll saw a device-side timeout earlier and is unusable");
     EPKIT_CHECK(next == want, call, " called out of order: the next call must be ", next_name(next));
   }
-  kernels::TokenCount token_count(int host_m, const int32_t* dev_m, int64_t rows, const char* call) const;
 };
-
-kernels::TokenCount AllToAll::Impl::token_count(int host_m, const int32_t* dev_m, int64_t rows,
-                                                const char* call) const {
-  const int M = cfg.max_tokens_per_rank;
-  if (dev_m) {
-    EPKIT_CHECK(host_m < 0, call, ": give m either on the host (num_tokens = ", host_m,
-                ") or on the device (num_tokens_device), not both");
-    return {-1, dev_m, static_cast<int>(rows < M ? rows : M)};
-  }
-  EPKIT_CHECK(host_m >= 0, call, ": num_tokens = ", host_m, " must be >= 0 (or pass num_tokens_device)");
-  EPKIT_CHECK(host_m <= M, call, ": num_tokens = ", host_m, " exceeds max_tokens_per_rank = ", M);
-  EPKIT_CHECK(host_m <= rows, call, ": num_tokens = ", host_m, " exceeds the tensors' first dimension = ", rows);
-  return {host_m, nullptr, static_cast<int>(rows < M ? rows : M)};
-}
 
 void AllToAll::Impl::raise_pending(bool recoverable_too) {
   const int code = err_host->code;
@@ -305,18 +259,12 @@ size_t AllToAll::workspace_bytes() const { return impl_->ws_layout.total_bytes; 
 int AllToAll::num_p2p_peers() const { return impl_->p2p_peers; }
 void AllToAll::check() const { impl_->raise_pending(); }
 
-namespace {
-
-kernels::DispatchIO check_dispatch(AllToAll::Impl& I, const DispatchArgs& a, bool send, bool recv, const char* call);
-kernels::CombineIO check_combine(AllToAll::Impl& I, const CombineArgs& a, bool send, bool recv, const char* call);
-
-}  // namespace
 
 void AllToAll::dispatch_send(const DispatchArgs& a, cudaStream_t st) {
   Impl& I = *impl_;
   I.raise_fatal();
   I.expect(Next::kDispatchSend, "dispatch_send");
-  const auto io = check_dispatch(I, a, true, false, "dispatch_send");
+  const auto io = host::check_dispatch_args(I.cfg, a, true, false, "dispatch_send");
   EPKIT_CUDA_CHECK(kernels::launch_dispatch(I.params, io, true, false, I.dispatch_shape, st));
   I.next = Next::kDispatchRecv;
 }
@@ -325,7 +273,7 @@ void AllToAll::dispatch_recv(const DispatchArgs& a, cudaStream_t st) {
   Impl& I = *impl_;
   I.raise_fatal();
   I.expect(Next::kDispatchRecv, "dispatch_recv");
-  const auto io = check_dispatch(I, a, false, true, "dispatch_recv");
+  const auto io = host::check_dispatch_args(I.cfg, a, false, true, "dispatch_recv");
   EPKIT_CUDA_CHECK(kernels::launch_dispatch(I.params, io, false, true, I.dispatch_shape, st));
   I.next = Next::kCombineSend;
 }
@@ -334,7 +282,7 @@ void AllToAll::dispatch(const DispatchArgs& a, cudaStream_t st) {
   Impl& I = *impl_;
   I.raise_fatal();
   I.expect(Next::kDispatchSend, "dispatch");
-  const auto io = check_dispatch(I, a, true, true, "dispatch");
+  const auto io = host::check_dispatch_args(I.cfg, a, true, true, "dispatch");
   EPKIT_CUDA_CHECK(kernels::launch_dispatch(I.params, io, true, true, I.dispatch_shape, st));
   I.next = Next::kCombineSend;
 }
@@ -343,7 +291,7 @@ void AllToAll::combine_send(const CombineArgs& a, cudaStream_t st) {
   Impl& I = *impl_;
   I.raise_fatal();
   I.expect(Next::kCombineSend, "combine_send");
-  const auto io = check_combine(I, a, true, false, "combine_send");
+  const auto io = host::check_combine_args(I.cfg, a, true, false, "combine_send");
   EPKIT_CUDA_CHECK(kernels::launch_combine(I.params, io, I.cfg.combine_in_dtype, I.cfg.combine_out_dtype, true, false,
                                            I.combine_shape, st));
   I.next = Next::kCombineRecv;
@@ -353,7 +301,7 @@ void AllToAll::combine_recv(const CombineArgs& a, cudaStream_t st) {
   Impl& I = *impl_;
   I.raise_fatal();
   I.expect(Next::kCombineRecv, "combine_recv");
-  const auto io = check_combine(I, a, false, true, "combine_recv");
+  const auto io = host::check_combine_args(I.cfg, a, false, true, "combine_recv");
   EPKIT_CUDA_CHECK(kernels::launch_combine(I.params, io, I.cfg.combine_in_dtype, I.cfg.combine_out_dtype, false, true,
                                            I.combine_shape, st));
   I.next = Next::kDispatchSend;
@@ -364,88 +312,11 @@ void AllToAll::combine(const CombineArgs& a, cudaStream_t st) {
   Impl& I = *impl_;
   I.raise_fatal();
   I.expect(Next::kCombineSend, "combine");
-  const auto io = check_combine(I, a, true, true, "combine");
+  const auto io = host::check_combine_args(I.cfg, a, true, true, "combine");
   EPKIT_CUDA_CHECK(kernels::launch_combine(I.params, io, I.cfg.combine_in_dtype, I.cfg.combine_out_dtype, true, true,
                                            I.combine_shape, st));
   I.next = Next::kDispatchSend;
   I.raise_pending();  // the layer is fully launched: recoverable errors may surface now
 }
-
-namespace {
-
-constexpr std::initializer_list<DType> kIndexTypes = {DType::kInt32, DType::kInt64, DType::kUInt32};
-
-kernels::DispatchIO check_dispatch(AllToAll::Impl& I, const DispatchArgs& a, bool send, bool recv, const char* call) {
-  const AllToAllConfig& c = I.cfg;
-  const int H = c.hidden, K = c.experts_per_token, L = num_local_experts(c), cap = effective_capacity(c);
-  const int ns = scales_per_token(c);
-  kernels::DispatchIO io{};
-  if (send) {
-    int64_t rows = check_tensor(a.x, "x", {c.dispatch_dtype}, {-1, H});
-    io.x = static_cast<const uint8_t*>(a.x.data);
-    if (has_scales(c)) {
-      const int64_t r = check_tensor(a.x_scale, "x_scale", {DType::kFP32}, {-1, ns});
-      rows = r < rows ? r : rows;
-      io.x_scale = static_cast<const float*>(a.x_scale.data);
-    } else {
-      EPKIT_CHECK(!a.x_scale.defined(), "x_scale given but dispatch_dtype = ", dtype_name(c.dispatch_dtype),
-                  " carries no scales");
-    }
-    const int64_t r = check_tensor(a.topk_idx, "topk_idx", kIndexTypes, {-1, K});
-    rows = r < rows ? r : rows;
-    io.topk_idx = a.topk_idx.data;
-    io.idx_type = index_type(a.topk_idx);
-    if (c.weights_at_dispatch) {
-      const int64_t rw = check_tensor(a.topk_weights, "topk_weights (weights_at_dispatch)", {DType::kFP32}, {-1, K});
-      rows = rw < rows ? rw : rows;
-      io.topk_weights = static_cast<const float*>(a.topk_weights.data);
-    } else {
-      EPKIT_CHECK(!a.topk_weights.defined(), call,
-                  ": topk_weights given to dispatch but weights_at_dispatch = false; pass them to combine");
-    }
-    io.m = I.token_count(a.num_tokens, a.num_tokens_device, rows, call);
-  }
-  if (recv) {
-    check_tensor(a.expert_x, "expert_x", {c.dispatch_dtype}, {L, cap, H});
-    io.expert_x = static_cast<uint8_t*>(a.expert_x.data);
-    if (has_scales(c)) {
-      check_tensor(a.expert_x_scale, "expert_x_scale", {DType::kFP32}, {L, cap, ns});
-      io.expert_x_scale = static_cast<float*>(a.expert_x_scale.data);
-    }
-    check_tensor(a.expert_num_tokens, "expert_num_tokens", {DType::kInt32}, {L});
-    io.expert_num_tokens = static_cast<int32_t*>(a.expert_num_tokens.data);
-  }
-  return io;
-}
-
-kernels::CombineIO check_combine(AllToAll::Impl& I, const CombineArgs& a, bool send, bool recv, const char* call) {
-  const AllToAllConfig& c = I.cfg;
-  const int H = c.hidden, K = c.experts_per_token, L = num_local_experts(c), cap = effective_capacity(c);
-  kernels::CombineIO io{};
-  int64_t rows = check_tensor(a.topk_idx, "topk_idx", kIndexTypes, {-1, K});
-  io.topk_idx = a.topk_idx.data;
-  io.idx_type = index_type(a.topk_idx);
-  if (send) {
-    check_tensor(a.expert_y, "expert_y", {c.combine_in_dtype}, {L, cap, H});
-    io.expert_y = a.expert_y.data;
-    if (c.weights_at_dispatch) {
-      EPKIT_CHECK(!a.topk_weights.defined(), call,
-                  ": topk_weights given to combine but weights_at_dispatch = true: dispatch carried them");
-    } else {
-      const int64_t r = check_tensor(a.topk_weights, "topk_weights", {DType::kFP32}, {-1, K});
-      rows = r < rows ? r : rows;
-      io.topk_weights = static_cast<const float*>(a.topk_weights.data);
-    }
-  }
-  if (recv) {
-    const int64_t r = check_tensor(a.out, "out", {c.combine_out_dtype}, {-1, H});
-    rows = r < rows ? r : rows;
-    io.out = a.out.data;
-  }
-  io.m = I.token_count(a.num_tokens, a.num_tokens_device, rows, call);
-  return io;
-}
-
-}  // namespace
 
 }  // namespace epkit

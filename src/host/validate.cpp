@@ -1,0 +1,139 @@
+#include "host/validate.hpp"
+
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+
+#include "epkit/error.hpp"
+
+namespace epkit::host {
+
+namespace {
+
+constexpr std::initializer_list<DType> kIndexTypes = {DType::kInt32, DType::kInt64, DType::kUInt32};
+
+// Checks dtype, rank and the fixed dims of a tensor (-1 = any) and its alignment; returns dim 0.
+// Rows that kernels move with 16-byte vectors need 16-byte alignment; the rest their element size.
+int64_t check_tensor(const Tensor& t, const char* name, std::initializer_list<DType> dtypes,
+                     std::initializer_list<int64_t> dims, size_t align = 0) {
+  EPKIT_CHECK(t.data != nullptr, name, " is missing (null data pointer)");
+  bool ok = false;
+  std::string allowed;
+  for (DType d : dtypes) {
+    ok |= t.dtype == d;
+    allowed += (allowed.empty() ? "" : " or ") + std::string(dtype_name(d));
+  }
+  EPKIT_CHECK(ok, name, " has dtype ", dtype_name(t.dtype), ", expected ", allowed);
+  EPKIT_CHECK(t.ndim == static_cast<int>(dims.size()), name, " has shape ", t.shape_str(), " (", t.ndim,
+              " dims), expected ", dims.size(), " dims");
+  int i = 0;
+  for (int64_t d : dims) {
+    EPKIT_CHECK(t.shape[i] >= 0, name, " has negative dim ", i);
+    EPKIT_CHECK(d < 0 || t.shape[i] == d, name, " has shape ", t.shape_str(), ": dim ", i, " is ", t.shape[i],
+                ", expected ", d);
+    ++i;
+  }
+  if (align == 0) align = dtype_size(t.dtype);
+  EPKIT_CHECK(reinterpret_cast<uintptr_t>(t.data) % align == 0, name, " data pointer is not ", align,
+              "-byte aligned");
+  return t.shape[0];
+}
+
+kernels::IndexType index_type(const Tensor& t) {
+  switch (t.dtype) {
+    case DType::kInt32: return kernels::kIdxInt32;
+    case DType::kInt64: return kernels::kIdxInt64;
+    default: return kernels::kIdxUInt32;
+  }
+}
+
+// m for the call: on the host (checked here) or on the device (checked and clamped by the kernels).
+kernels::TokenCount token_count(const AllToAllConfig& c, int host_m, const int32_t* dev_m, int64_t rows,
+                                const char* call) {
+  const int M = c.max_tokens_per_rank;
+  const int limit = static_cast<int>(rows < M ? rows : M);
+  if (dev_m) {
+    EPKIT_CHECK(host_m < 0, call, ": give m either on the host (num_tokens = ", host_m,
+                ") or on the device (num_tokens_device), not both");
+    return {-1, dev_m, limit};
+  }
+  EPKIT_CHECK(host_m >= 0, call, ": num_tokens = ", host_m, " must be >= 0 (or pass num_tokens_device)");
+  EPKIT_CHECK(host_m <= M, call, ": num_tokens = ", host_m, " exceeds max_tokens_per_rank = ", M);
+  EPKIT_CHECK(host_m <= rows, call, ": num_tokens = ", host_m, " exceeds the tensors' first dimension = ", rows);
+  return {host_m, nullptr, limit};
+}
+
+}  // namespace
+
+kernels::DispatchIO check_dispatch_args(const AllToAllConfig& c, const DispatchArgs& a, bool send, bool recv,
+                                        const char* call) {
+  const int H = c.hidden, K = c.experts_per_token, L = num_local_experts(c), cap = effective_capacity(c);
+  const int ns = scales_per_token(c);
+  kernels::DispatchIO io{};
+  if (send) {
+    int64_t rows = check_tensor(a.x, "x", {c.dispatch_dtype}, {-1, H}, 16);
+    io.x = static_cast<const uint8_t*>(a.x.data);
+    if (has_scales(c)) {
+      const int64_t r = check_tensor(a.x_scale, "x_scale", {DType::kFP32}, {-1, ns});
+      rows = r < rows ? r : rows;
+      io.x_scale = static_cast<const float*>(a.x_scale.data);
+    } else {
+      EPKIT_CHECK(!a.x_scale.defined(), "x_scale given but dispatch_dtype = ", dtype_name(c.dispatch_dtype),
+                  " carries no scales");
+    }
+    const int64_t r = check_tensor(a.topk_idx, "topk_idx", kIndexTypes, {-1, K});
+    rows = r < rows ? r : rows;
+    io.topk_idx = a.topk_idx.data;
+    io.idx_type = index_type(a.topk_idx);
+    if (c.weights_at_dispatch) {
+      const int64_t rw = check_tensor(a.topk_weights, "topk_weights (weights_at_dispatch)", {DType::kFP32}, {-1, K});
+      rows = rw < rows ? rw : rows;
+      io.topk_weights = static_cast<const float*>(a.topk_weights.data);
+    } else {
+      EPKIT_CHECK(!a.topk_weights.defined(), call,
+                  ": topk_weights given to dispatch but weights_at_dispatch = false; pass them to combine");
+    }
+    io.m = token_count(c, a.num_tokens, a.num_tokens_device, rows, call);
+  }
+  if (recv) {
+    check_tensor(a.expert_x, "expert_x", {c.dispatch_dtype}, {L, cap, H}, 16);
+    io.expert_x = static_cast<uint8_t*>(a.expert_x.data);
+    if (has_scales(c)) {
+      check_tensor(a.expert_x_scale, "expert_x_scale", {DType::kFP32}, {L, cap, ns});
+      io.expert_x_scale = static_cast<float*>(a.expert_x_scale.data);
+    }
+    check_tensor(a.expert_num_tokens, "expert_num_tokens", {DType::kInt32}, {L});
+    io.expert_num_tokens = static_cast<int32_t*>(a.expert_num_tokens.data);
+  }
+  return io;
+}
+
+kernels::CombineIO check_combine_args(const AllToAllConfig& c, const CombineArgs& a, bool send, bool recv,
+                                      const char* call) {
+  const int H = c.hidden, K = c.experts_per_token, L = num_local_experts(c), cap = effective_capacity(c);
+  kernels::CombineIO io{};
+  int64_t rows = check_tensor(a.topk_idx, "topk_idx", kIndexTypes, {-1, K});
+  io.topk_idx = a.topk_idx.data;
+  io.idx_type = index_type(a.topk_idx);
+  if (send) {
+    check_tensor(a.expert_y, "expert_y", {c.combine_in_dtype}, {L, cap, H}, 16);
+    io.expert_y = a.expert_y.data;
+    if (c.weights_at_dispatch) {
+      EPKIT_CHECK(!a.topk_weights.defined(), call,
+                  ": topk_weights given to combine but weights_at_dispatch = true: dispatch carried them");
+    } else {
+      const int64_t r = check_tensor(a.topk_weights, "topk_weights", {DType::kFP32}, {-1, K});
+      rows = r < rows ? r : rows;
+      io.topk_weights = static_cast<const float*>(a.topk_weights.data);
+    }
+  }
+  if (recv) {
+    const int64_t r = check_tensor(a.out, "out", {c.combine_out_dtype}, {-1, H}, 16);
+    rows = r < rows ? r : rows;
+    io.out = a.out.data;
+  }
+  io.m = token_count(c, a.num_tokens, a.num_tokens_device, rows, call);
+  return io;
+}
+
+}  // namespace epkit::host

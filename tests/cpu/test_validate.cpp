@@ -1,0 +1,168 @@
+// Argument validation of every AllToAll call (src/host/validate.cpp), on the CPU: each bad tensor
+// or m gets an epkit::Error naming it, and good arguments become the raw-pointer structs the
+// kernels take. Pointers are never dereferenced here, so fake aligned addresses stand in.
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <string>
+
+#include "epkit/error.hpp"
+#include "host/validate.hpp"
+
+namespace epkit {
+namespace {
+
+void* addr(uintptr_t i) { return reinterpret_cast<void*>(0x100000 + 0x1000 * i); }
+
+AllToAllConfig cfg(bool fp8 = true, bool wad = false) {
+  AllToAllConfig c;
+  c.world_size = 4, c.rank = 1, c.dp_size = 2, c.num_experts = 16, c.experts_per_token = 4, c.hidden = 256;
+  c.max_tokens_per_rank = 8;
+  c.dispatch_dtype = fp8 ? DType::kFP8E4M3 : DType::kBF16;
+  c.weights_at_dispatch = wad;
+  validate(c);
+  return c;
+}
+
+DispatchArgs good_dispatch(const AllToAllConfig& c) {
+  const int64_t M = c.max_tokens_per_rank, H = c.hidden, K = c.experts_per_token, L = 4, cap = 16, ns = 2;
+  DispatchArgs a;
+  a.x = Tensor(addr(1), c.dispatch_dtype, {M, H});
+  if (c.dispatch_dtype == DType::kFP8E4M3) a.x_scale = Tensor(addr(2), DType::kFP32, {M, ns});
+  a.topk_idx = Tensor(addr(3), DType::kInt64, {M, K});
+  a.num_tokens = 5;
+  a.expert_x = Tensor(addr(4), c.dispatch_dtype, {L, cap, H});
+  if (c.dispatch_dtype == DType::kFP8E4M3) a.expert_x_scale = Tensor(addr(5), DType::kFP32, {L, cap, ns});
+  a.expert_num_tokens = Tensor(addr(6), DType::kInt32, {L});
+  if (c.weights_at_dispatch) a.topk_weights = Tensor(addr(7), DType::kFP32, {M, K});
+  return a;
+}
+
+CombineArgs good_combine(const AllToAllConfig& c) {
+  const int64_t M = c.max_tokens_per_rank, H = c.hidden, K = c.experts_per_token, L = 4, cap = 16;
+  CombineArgs a;
+  a.expert_y = Tensor(addr(8), c.combine_in_dtype, {L, cap, H});
+  a.topk_idx = Tensor(addr(3), DType::kInt32, {M, K});
+  if (!c.weights_at_dispatch) a.topk_weights = Tensor(addr(9), DType::kFP32, {M, K});
+  a.num_tokens = 5;
+  a.out = Tensor(addr(10), c.combine_out_dtype, {M, H});
+  return a;
+}
+
+template <typename F>
+void expect_error(F&& f, const std::string& needle) {
+  try {
+    f();
+    ADD_FAILURE() << "expected an error containing '" << needle << "'";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
+TEST(Validate, GoodDispatchBecomesKernelArguments) {
+  const AllToAllConfig c = cfg();
+  const DispatchArgs a = good_dispatch(c);
+  const kernels::DispatchIO io = host::check_dispatch_args(c, a, true, true, "dispatch");
+  EXPECT_EQ(io.x, a.x.data);
+  EXPECT_EQ(io.x_scale, a.x_scale.data);
+  EXPECT_EQ(io.topk_idx, a.topk_idx.data);
+  EXPECT_EQ(io.idx_type, kernels::kIdxInt64);
+  EXPECT_EQ(io.m.host_m, 5);
+  EXPECT_EQ(io.m.dev_m, nullptr);
+  EXPECT_EQ(io.m.rows, 8);
+  EXPECT_EQ(io.expert_x, a.expert_x.data);
+  EXPECT_EQ(io.expert_num_tokens, a.expert_num_tokens.data);
+  EXPECT_EQ(io.topk_weights, nullptr);
+}
+
+TEST(Validate, HalvesCheckOnlyWhatTheyRead) {
+  const AllToAllConfig c = cfg();
+  DispatchArgs send_only = good_dispatch(c);
+  send_only.expert_x = Tensor();  // the send half never touches the outputs
+  EXPECT_NO_THROW(host::check_dispatch_args(c, send_only, true, false, "dispatch_send"));
+  DispatchArgs recv_only = good_dispatch(c);
+  recv_only.x = Tensor();  // nor the receive half the inputs
+  EXPECT_NO_THROW(host::check_dispatch_args(c, recv_only, false, true, "dispatch_recv"));
+  EXPECT_THROW(host::check_dispatch_args(c, send_only, true, true, "dispatch"), Error);
+}
+
+TEST(Validate, DeviceMRowsAreTheSmallestInput) {
+  const AllToAllConfig c = cfg();
+  DispatchArgs a = good_dispatch(c);
+  a.num_tokens = -1;
+  a.num_tokens_device = static_cast<const int32_t*>(addr(11));
+  a.topk_idx.shape[0] = 6;  // fewer rows than M: the kernels clamp a device m to 6
+  const auto io = host::check_dispatch_args(c, a, true, false, "dispatch_send");
+  EXPECT_EQ(io.m.host_m, -1);
+  EXPECT_EQ(io.m.dev_m, a.num_tokens_device);
+  EXPECT_EQ(io.m.rows, 6);
+}
+
+TEST(Validate, EachBadDispatchArgumentIsNamed) {
+  const AllToAllConfig c = cfg();
+  auto bad = [&](const std::function<void(DispatchArgs&)>& mutate, const std::string& needle) {
+    DispatchArgs a = good_dispatch(c);
+    mutate(a);
+    expect_error([&] { host::check_dispatch_args(c, a, true, true, "dispatch"); }, needle);
+  };
+  bad([](auto& a) { a.x.dtype = DType::kBF16; }, "x has dtype bf16, expected fp8_e4m3");
+  bad([](auto& a) { a.x.shape[1] = 128; }, "x has shape [8, 128]: dim 1 is 128, expected 256");
+  bad([](auto& a) { a.x.ndim = 3; }, "x has shape");
+  bad([](auto& a) { a.x.data = reinterpret_cast<char*>(a.x.data) + 8; }, "x data pointer is not 16-byte aligned");
+  bad([](auto& a) { a.x_scale = Tensor(); }, "x_scale is missing");
+  bad([](auto& a) { a.x_scale.shape[1] = 3; }, "x_scale has shape");
+  bad([](auto& a) { a.topk_idx.dtype = DType::kFP32; }, "topk_idx has dtype fp32, expected int32 or int64 or uint32");
+  bad([](auto& a) { a.topk_idx.shape[1] = 5; }, "dim 1 is 5, expected 4");
+  bad([](auto& a) { a.num_tokens = 9; }, "num_tokens = 9 exceeds max_tokens_per_rank = 8");
+  bad([](auto& a) { a.num_tokens = -2; }, "num_tokens = -2 must be >= 0");
+  bad([](auto& a) { a.x.shape[0] = 3; }, "num_tokens = 5 exceeds the tensors' first dimension = 3");
+  bad([](auto& a) { a.num_tokens_device = static_cast<const int32_t*>(addr(11)); }, "not both");
+  bad([](auto& a) { a.expert_x.shape[1] = 15; }, "expert_x has shape [4, 15, 256]: dim 1 is 15, expected 16");
+  bad([](auto& a) { a.expert_x_scale.dtype = DType::kBF16; }, "expert_x_scale has dtype bf16");
+  bad([](auto& a) { a.expert_num_tokens.shape[0] = 5; }, "expert_num_tokens has shape [5]");
+  bad([](auto& a) { a.topk_weights = Tensor(addr(7), DType::kFP32, {8, 4}); }, "weights_at_dispatch = false");
+}
+
+TEST(Validate, ScalesOnlyWithFp8) {
+  const AllToAllConfig c = cfg(false);
+  DispatchArgs a = good_dispatch(c);
+  EXPECT_NO_THROW(host::check_dispatch_args(c, a, true, true, "dispatch"));
+  a.x_scale = Tensor(addr(2), DType::kFP32, {8, 2});
+  expect_error([&] { host::check_dispatch_args(c, a, true, true, "dispatch"); }, "carries no scales");
+}
+
+TEST(Validate, EachBadCombineArgumentIsNamed) {
+  const AllToAllConfig c = cfg();
+  auto bad = [&](const std::function<void(CombineArgs&)>& mutate, const std::string& needle) {
+    CombineArgs a = good_combine(c);
+    mutate(a);
+    expect_error([&] { host::check_combine_args(c, a, true, true, "combine"); }, needle);
+  };
+  const kernels::CombineIO io = host::check_combine_args(c, good_combine(c), true, true, "combine");
+  EXPECT_EQ(io.idx_type, kernels::kIdxInt32);
+  EXPECT_EQ(io.m.host_m, 5);
+  bad([](auto& a) { a.expert_y.dtype = DType::kFP32; }, "expert_y has dtype fp32, expected bf16");
+  bad([](auto& a) { a.expert_y.shape[2] = 128; }, "expert_y has shape");
+  bad([](auto& a) { a.topk_weights = Tensor(); }, "topk_weights is missing");
+  bad([](auto& a) { a.topk_weights.dtype = DType::kBF16; }, "topk_weights has dtype bf16");
+  bad([](auto& a) { a.out.dtype = DType::kFP16; }, "out has dtype fp16, expected bf16");
+  bad([](auto& a) { a.out.shape[0] = 4; }, "exceeds the tensors' first dimension = 4");
+  bad([](auto& a) { a.topk_idx.shape[0] = -1; }, "topk_idx has negative dim 0");
+}
+
+TEST(Validate, WeightsAtDispatchMoveTheWeights) {
+  const AllToAllConfig c = cfg(true, true);
+  const DispatchArgs d = good_dispatch(c);
+  EXPECT_EQ(host::check_dispatch_args(c, d, true, false, "dispatch_send").topk_weights, d.topk_weights.data);
+  DispatchArgs nod = d;
+  nod.topk_weights = Tensor();
+  expect_error([&] { host::check_dispatch_args(c, nod, true, false, "dispatch_send"); },
+               "topk_weights (weights_at_dispatch) is missing");
+  CombineArgs cb = good_combine(c);
+  EXPECT_NO_THROW(host::check_combine_args(c, cb, true, true, "combine"));
+  cb.topk_weights = Tensor(addr(9), DType::kFP32, {8, 4});
+  expect_error([&] { host::check_combine_args(c, cb, true, true, "combine"); }, "dispatch carried them");
+}
+
+}  // namespace
+}  // namespace epkit
