@@ -5,6 +5,9 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "epkit/communicator.hpp"
 #include "epkit/config.hpp"
@@ -69,6 +72,11 @@ class AllToAll {
   size_t workspace_bytes() const;  // local device workspace taken by this object
   // Number of peers reached by direct loads/stores (the rest use put-with-signal).
   int num_p2p_peers() const;
+
+  // Diagnostics of builds configured with -DEPKIT_STAGE_TIMERS=ON (empty otherwise): the
+  // %globaltimer stamps (ns) that block 0 took at each stage of the last dispatch and combine,
+  // as (stage name, ns). Synchronises the device; not for use in a timed or captured region.
+  std::vector<std::pair<std::string, uint64_t>> stage_timestamps() const;
 
   struct Impl;
 

@@ -257,6 +257,17 @@ const AllToAllConfig& AllToAll::config() const { return impl_->cfg; }
 size_t AllToAll::symmetric_bytes() const { return impl_->sym_layout.total_bytes; }
 size_t AllToAll::workspace_bytes() const { return impl_->ws_layout.total_bytes; }
 int AllToAll::num_p2p_peers() const { return impl_->p2p_peers; }
+
+std::vector<std::pair<std::string, uint64_t>> AllToAll::stage_timestamps() const {
+  std::vector<std::pair<std::string, uint64_t>> out;
+#ifdef EPKIT_STAGE_TIMERS
+  kernels::DeviceState st;
+  EPKIT_CUDA_CHECK(cudaDeviceSynchronize());
+  EPKIT_CUDA_CHECK(cudaMemcpy(&st, impl_->params.state, sizeof(st), cudaMemcpyDeviceToHost));
+  for (int s = 0; s < kernels::kNumStages; ++s) out.emplace_back(kernels::stage_name(s), st.stage_ns[s]);
+#endif
+  return out;
+}
 void AllToAll::check() const { impl_->raise_pending(); }
 
 

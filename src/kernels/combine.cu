@@ -90,6 +90,7 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
   const int gw = blockIdx.x * kWarps + warp, nw = gridDim.x * kWarps;
   CombineSmem sm{smem, smem + W, smem + 2 * W + 1};
 
+  EPKIT_STAGE(p, kStCombineStart);
   // Entering combine means this rank no longer reads its dispatch buffers: tell every peer. The
   // token side waits for all of these before returning, so nobody starts the next dispatch early.
   if (blockIdx.x == 0 && warp == 0) {
@@ -145,6 +146,7 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
     }
   }
 
+  EPKIT_STAGE(p, kStWeightsSent);
   // Wait for the weights of every message we received in the matching dispatch.
   const uint64_t* wctr = sym_at<uint64_t>(p, p.off_weights_recv_ctr);
   for (int s = threadIdx.x; s < W; s += blockDim.x) {
@@ -159,6 +161,7 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
     sm.msg_off[W] = acc;
   }
   __syncthreads();
+  EPKIT_STAGE(p, kStWeightsArrived);
   if (is_aborted(p)) return;
 
   // One partial per (received message, slice): sum over the message's local experts of w * y, in
@@ -303,11 +306,16 @@ __device__ void combine_recv(const CommParams& p, const CombineIO& io, uint64_t 
     }
   }
 
+  EPKIT_STAGE(p, kStTokensSummed);
   // The only global barrier: every peer has entered combine (so is done with its dispatch buffers).
   if (blockIdx.x == 0) {
     const uint64_t* bar = sym_at<uint64_t>(p, p.off_barrier_flag);
     for (int s = threadIdx.x; s < W; s += blockDim.x)
       wait_flag(p, bar + s, seq, Cmp::kEq, kPhaseCombineRecv, kWaitBarrier, s, -1, seq);
+#ifdef EPKIT_STAGE_TIMERS
+    __syncthreads();
+    EPKIT_STAGE(p, kStBarrierPassed);
+#endif
   }
 }
 
@@ -335,6 +343,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ int smem[];
   const uint64_t seq = *reinterpret_cast<volatile uint64_t*>(&p.state->seq) + 1;
   if (do_send) combine_send<Tin, Tout>(p, io, seq, smem);
+  EPKIT_STAGE(p, kStPartialsSent);
   if (do_recv) {
     combine_recv<Tout>(p, io, seq);
     finish_layer(p, seq);

@@ -49,6 +49,7 @@ __device__ void dispatch_send(const CommParams& p, const DispatchIO& io, uint64_
   sm.tok_rk = sm.tok_e + kRoundTokens * K;
   sm.tok_j = sm.tok_rk + kRoundTokens * K;
 
+  EPKIT_STAGE(p, kStDispatchStart);
   const int m = resolve_num_tokens(p, io.m, kPhaseDispatchSend, seq, blockIdx.x == 0);
   const int n_own = num_own_tokens(p, m);
   const int u0 = static_cast<int>(static_cast<int64_t>(n_own) * blockIdx.x / gridDim.x);
@@ -88,6 +89,7 @@ __device__ void dispatch_send(const CommParams& p, const DispatchIO& io, uint64_
     }
   }
   __syncthreads();
+  EPKIT_STAGE(p, kStHistogramDone);
 
   // Counts: per (this rank, local expert of d) and the number of messages d will get from us.
   const int gw = blockIdx.x * kWarps + warp, nw = gridDim.x * kWarps;
@@ -106,6 +108,7 @@ __device__ void dispatch_send(const CommParams& p, const DispatchIO& io, uint64_
     }
   }
 
+  EPKIT_STAGE(p, kStCountsWritten);
   const int hdr_words = p.header_bytes / 4;
   const int payload_chunks = p.payload_bytes / 16;
   for (int r0 = u0; r0 < u1; r0 += kRoundTokens) {
@@ -223,6 +226,7 @@ __device__ void dispatch_send(const CommParams& p, const DispatchIO& io, uint64_
     if ((d % nw) / kWarps == static_cast<int>(blockIdx.x))  // the block whose warp wrote d's counts
       st_release_sys(reinterpret_cast<uint64_t*>(pb + p.off_dispatch_count_flag) + me, seq);
   }
+  EPKIT_STAGE(p, kStSendDone);
 }
 
 __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_t seq, int* smem) {
@@ -235,6 +239,7 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
   for (int s = threadIdx.x; s < W; s += blockDim.x)
     wait_flag(p, count_flag + s, seq, Cmp::kEq, kPhaseDispatchRecv, kWaitDispatchCounts, s, -1, seq);
   __syncthreads();
+  EPKIT_STAGE(p, kStCountsArrived);
   if (is_aborted(p)) return;
   // All threads read the count matrix at once (a per-source serial loop costs a round trip each).
   const int32_t* counts = sym_at<int32_t>(p, p.off_dispatch_counts);
@@ -262,11 +267,13 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
   }
   if (blockIdx.x == 0)
     for (int s = threadIdx.x; s < W; s += blockDim.x) p.num_msgs[s] = sm.nmsg[s];
+  EPKIT_STAGE(p, kStOffsetsDone);
   const uint64_t* recv_ctr = sym_at<uint64_t>(p, p.off_dispatch_recv_ctr);
   for (int s = threadIdx.x; s < W; s += blockDim.x)
     wait_flag(p, recv_ctr + s, p.recv_base[s] + static_cast<uint64_t>(sm.nmsg[s]) * nsd, Cmp::kGe,
               kPhaseDispatchRecv, kWaitDispatchData, s, -1, seq);
   __syncthreads();
+  EPKIT_STAGE(p, kStDataArrived);
   if (is_aborted(p)) return;
 
   const int total = sm.msg_off[W];
@@ -340,6 +347,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (do_send) dispatch_send(p, io, seq, smem);
   if (do_send && do_recv) __syncthreads();
   if (do_recv) dispatch_recv(p, io, seq, smem);
+  EPKIT_STAGE(p, kStDispatchDone);
 }
 
 }  // namespace

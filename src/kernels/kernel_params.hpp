@@ -36,6 +36,21 @@ struct ErrorRecord {
   uint64_t seq;
 };
 
+// Stages stamped with %globaltimer by block 0, thread 0 when built with EPKIT_STAGE_TIMERS
+// (AllToAll::stage_timestamps reads them; the names are in stage_name()).
+enum Stage : int32_t {
+  kStDispatchStart = 0, kStHistogramDone, kStCountsWritten, kStSendDone, kStCountsArrived, kStOffsetsDone,
+  kStDataArrived, kStDispatchDone, kStCombineStart, kStWeightsSent, kStWeightsArrived, kStPartialsSent,
+  kStTokensSummed, kStBarrierPassed, kNumStages
+};
+inline const char* stage_name(int s) {
+  static const char* n[] = {"dispatch start",  "histogram done", "counts written", "send done",
+                            "counts arrived",  "offsets done",   "data arrived",   "dispatch done",
+                            "combine start",   "weights sent",   "weights arrived", "partials sent",
+                            "tokens summed",   "barrier passed"};
+  return s >= 0 && s < kNumStages ? n[s] : "?";
+}
+
 // Per-object device state in the local workspace.
 struct DeviceState {
   uint64_t seq;            // calls completed; the call in flight uses seq + 1
@@ -43,6 +58,7 @@ struct DeviceState {
   int32_t error_lock;      // first-writer-wins lock for the ErrorRecord
   uint32_t done_blocks;    // finishing blocks of combine_recv (last one advances seq)
   uint32_t pad;
+  uint64_t stage_ns[kNumStages];  // EPKIT_STAGE_TIMERS builds only: last call's stage times
 };
 
 // Offsets into the symmetric heap (copied from SymmetricLayout) and sizes, for every kernel.

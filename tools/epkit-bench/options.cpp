@@ -92,6 +92,8 @@ Options parse_options(const std::vector<std::string>& args) {
       flag(o.portable);
     } else if (name == "--weights-at-dispatch") {
       flag(o.weights_at_dispatch);
+    } else if (name == "--stage-timers") {
+      flag(o.stage_timers);
     } else if (name == "--no-baselines") {
       bool off = false;
       flag(off);
@@ -190,6 +192,7 @@ Run as: epkit-run -n N epkit-bench [options]
   --graph-iters N        dispatch+combine pairs per captured CUDA graph; default 10
   --portable             force DataPath::kPortable (put-with-signal to every peer)
   --weights-at-dispatch  router weights travel with dispatch; combine exchanges none
+  --stage-timers         print block 0's per-stage times (needs a -DEPKIT_STAGE_TIMERS=ON build)
   --num-sms N            blocks the kernels may use; default 0 = all SMs
   --no-baselines         skip the NCCL and NVSHMEM dense all-to-all baselines
   --nccl-mode M          alltoall (ncclAlltoAll where the NCCL build has it) | sendrecv (grouped, as torch does)

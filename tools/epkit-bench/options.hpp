@@ -37,6 +37,7 @@ struct Options {
   int graph_iters = 10;                       // dispatch+combine pairs captured in one CUDA graph, >= 1
   bool portable = false;                      // force DataPath::kPortable
   bool weights_at_dispatch = false;           // AllToAllConfig::weights_at_dispatch
+  bool stage_timers = false;                  // print per-stage times (library built with EPKIT_STAGE_TIMERS)
   int num_sms = 0;                            // AllToAllConfig::num_sms; 0 = all
   bool baselines = true;                      // run the NCCL and NVSHMEM dense baselines
   NcclMode nccl_mode = NcclMode::kAlltoAll;   // ncclAlltoAll (if the NCCL build has it) or grouped send/recv

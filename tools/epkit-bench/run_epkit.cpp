@@ -1,6 +1,8 @@
 #include "run_epkit.hpp"
 
 #include <algorithm>
+#include <cstdio>
+#include <string>
 #include <vector>
 
 #include "device.hpp"
@@ -25,6 +27,36 @@ struct Graph {
 void set_median_p99(const Summary& s, double& median, double& p99) {
   median = s.median;
   p99 = s.p99;
+}
+
+// Runs `iters` fused dispatch+combine pairs, each synced, and prints (rank 0) the median time of
+// every stage that block 0 stamped, relative to the start of dispatch. Prints a note instead when
+// the library was built without EPKIT_STAGE_TIMERS.
+void print_stage_times(AllToAll& a2a, const Communicator& comm, const DispatchArgs& d, const CombineArgs& cb,
+                       cudaStream_t stream, int iters, const std::string& preset, int tokens) {
+  if (a2a.stage_timestamps().empty()) {
+    if (comm.rank() == 0) std::printf("[stages] library built without EPKIT_STAGE_TIMERS: nothing to show\n");
+    return;
+  }
+  std::vector<std::vector<double>> since_start;
+  for (int i = 0; i < iters; ++i) {
+    comm.barrier_on_stream(stream);
+    a2a.dispatch(d, stream);
+    a2a.combine(cb, stream);
+    const auto st = a2a.stage_timestamps();  // synchronises
+    since_start.resize(st.size());
+    for (size_t s = 0; s < st.size(); ++s)
+      since_start[s].push_back((static_cast<double>(st[s].second) - static_cast<double>(st[0].second)) / 1000.0);
+  }
+  if (comm.rank() != 0) return;
+  const auto names = a2a.stage_timestamps();
+  std::printf("[stages] %s tokens=%d, block 0 of rank 0, median us since dispatch start:", preset.c_str(), tokens);
+  for (size_t s = 1; s < since_start.size(); ++s) {
+    std::vector<double> v = since_start[s];
+    std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+    std::printf("%s %s %.1f", s == 1 ? "" : ",", names[s].first.c_str(), v[v.size() / 2]);
+  }
+  std::printf("\n");
 }
 
 }  // namespace
@@ -193,6 +225,9 @@ Row run_epkit(const Communicator& comm, const Case& c, const GroupRouting& mine,
     for (double& v : per_pair) v /= opt.graph_iters;
     set_median_p99(summarize_slowest(comm, per_pair), row.graph_total_us_median, row.graph_total_us_p99);
   }
+
+  // Where the time goes inside the fused kernels: block 0's stage stamps, one synced pair at a time.
+  if (opt.stage_timers) print_stage_times(a2a, comm, d, cb, stream, n, c.preset, m);
 
   row.dispatch_bytes_per_rank = bytes.dispatch_per_rank;
   row.combine_bytes_per_rank = bytes.combine_per_rank;
