@@ -234,10 +234,12 @@ TEST(EpkitRun, PrefixesLinesAndKeepsStdoutAndStderrApart) {
 }
 
 TEST(EpkitRun, ReturnsTheFailingRanksExitCode) {
-  const Result r = run({"-n", "3", "sh", "-c", "if [ \"$RANK\" = 1 ]; then exit 3; fi"});
+  const Result r = run({"-n", "3", "sh", "-c", "if [ \"$RANK\" = 1 ]; then echo dying >&2; exit 3; fi"});
   EXPECT_EQ(r.code, 3) << describe(r);
-  EXPECT_NE(r.err.find("rank 1 (pid"), std::string::npos) << describe(r);
+  const size_t verdict = r.err.find("rank 1 (pid");
+  EXPECT_NE(verdict, std::string::npos) << describe(r);
   EXPECT_NE(r.err.find("exited with code 3"), std::string::npos) << describe(r);
+  EXPECT_LT(r.err.find("[1] dying\n"), verdict) << "the rank's last words come before the verdict";
 }
 
 TEST(EpkitRun, StopsTheOtherRanksWhenOneFailsAndLeavesNoOrphans) {
