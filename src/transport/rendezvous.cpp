@@ -7,12 +7,12 @@
 // Every header is 32 bytes, big-endian: magic, version, type, op kind, op sequence number, sender
 // rank, world size, payload length.
 //
-// Rank 0 listens only while one operation is open. A fast rank that already began the next
-// operation can land in the backlog of the previous listener; rank 0 closes that listener without
-// accepting it, the peer sees a reset before any reply byte and retries. Rank 0 sends no reply
-// before every hello of the operation has arrived, so it never accepts a peer of the next
-// operation. The sequence number (per host, port and rank in this process, advanced on success)
-// turns ranks calling operations in different orders into a loud error instead of wrong blobs.
+// Rank 0 listens only while it collects the hellos of one operation, and closes that listener
+// before it sends any reply. So a fast rank that already began the next operation never reaches
+// the previous one: it finds no listener (connection refused) or, at worst, a connection that is
+// reset before any reply byte; both are retried until rank 0 listens again or the deadline
+// passes. The sequence number (per host, port and rank in this process, advanced on success) turns
+// ranks calling operations in different orders into a loud error instead of wrong blobs.
 //
 // Sockets are non-blocking and every wait is a poll() bounded by the operation's deadline.
 #include "epkit/rendezvous.hpp"
@@ -462,8 +462,8 @@ std::vector<Incoming> gather_hellos(const Op& op) {
     }
     for (size_t i = pending.size(); i-- > 0;)
       if (drop[i]) pending.erase(pending.begin() + long(i));
-    // Accept only while hellos are missing: no reply was sent yet, so nothing here can be a peer
-    // of the next operation.
+    // Accept only while hellos are missing (no reply was sent yet, so nothing here can be a peer
+    // of the next operation).
     if (num_done < world - 1 && (fds[0].revents & POLLIN)) {
       for (;;) {
         sockaddr_storage ss{};
@@ -483,7 +483,7 @@ std::vector<Incoming> gather_hellos(const Op& op) {
       }
     }
   }
-  return done;  // `listener` closes here: stale connections of a next operation get a reset
+  return done;  // `listener` closes here, before any reply: see the protocol note at the top
 }
 
 template <typename MakePayload>

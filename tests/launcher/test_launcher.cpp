@@ -234,10 +234,12 @@ TEST(EpkitRun, PrefixesLinesAndKeepsStdoutAndStderrApart) {
 }
 
 TEST(EpkitRun, ReturnsTheFailingRanksExitCode) {
-  const Result r = run({"-n", "3", "sh", "-c", "if [ \"$RANK\" = 1 ]; then exit 3; fi"});
+  const Result r = run({"-n", "3", "sh", "-c", "if [ \"$RANK\" = 1 ]; then echo dying >&2; exit 3; fi"});
   EXPECT_EQ(r.code, 3) << describe(r);
-  EXPECT_NE(r.err.find("rank 1 (pid"), std::string::npos) << describe(r);
+  const size_t verdict = r.err.find("rank 1 (pid");
+  EXPECT_NE(verdict, std::string::npos) << describe(r);
   EXPECT_NE(r.err.find("exited with code 3"), std::string::npos) << describe(r);
+  EXPECT_LT(r.err.find("[1] dying\n"), verdict) << "the rank's last words come before the verdict";
 }
 
 TEST(EpkitRun, StopsTheOtherRanksWhenOneFailsAndLeavesNoOrphans) {
@@ -318,6 +320,22 @@ TEST(EpkitRun, ForwardsSigtermToTheRanksAndLeavesNoOrphans) {
   EXPECT_LT(r.seconds, 20);
   EXPECT_TRUE(gone_soon(r0));
   EXPECT_TRUE(gone_soon(r1));
+}
+
+TEST(EpkitRun, RanksDieWithAKilledLauncher) {
+  // SIGKILL cannot be forwarded: PR_SET_PDEATHSIG is what takes the ranks down.
+  TempDir dir;
+  std::vector<std::string> argv = {EPKIT_RUN_PATH, "-n", "2", "sh", "-c",
+                                   "echo $$ > " + dir.file("rank") + "$RANK; exec sleep 60"};
+  Proc p = start(argv, clean_env());
+  const pid_t r0 = wait_pid_file(dir.file("rank0")), r1 = wait_pid_file(dir.file("rank1"));
+  ASSERT_GT(r0, 0);
+  ASSERT_GT(r1, 0);
+  ::kill(p.pid, SIGKILL);
+  const Result r = finish(p);
+  EXPECT_EQ(r.code, 128 + SIGKILL);
+  EXPECT_TRUE(gone_soon(r0)) << "rank 0 (pid " << r0 << ") outlived its launcher";
+  EXPECT_TRUE(gone_soon(r1)) << "rank 1 (pid " << r1 << ") outlived its launcher";
 }
 
 TEST(EpkitRun, MissingCommandExits127) {

@@ -266,6 +266,9 @@ class Job {
       ::close(err_pipe[0]);
       EPKIT_FAIL("epkit-run: fork for rank ", rank, ": ", std::strerror(fork_errno));
     }
+    // Read ends only: the loop must never block on one pipe while others or timers need it.
+    ::fcntl(out_pipe[0], F_SETFL, O_NONBLOCK);
+    ::fcntl(err_pipe[0], F_SETFL, O_NONBLOCK);
     ::setpgid(pid, pid);  // also done by the child: whoever runs first, the group exists before kill()
     const std::string prefix = "[" + std::to_string(rank) + "] ";
     children_.push_back(Child{rank, pid, true, Stream{out_pipe[0], STDOUT_FILENO, LinePrefixer(prefix)},
@@ -296,18 +299,28 @@ class Job {
   std::vector<Child> children_;
 };
 
-// Reads what is available on a child's pipe and forwards whole lines; closes it at EOF.
-void pump(Stream& s) {
+// Reads what is available on a child's (non-blocking) pipe and forwards whole lines; closes it at
+// EOF. Returns true if it read bytes, so that more may follow.
+bool pump(Stream& s) {
+  if (s.fd < 0) return false;
   char buf[64 * 1024];
   ssize_t k = ::read(s.fd, buf, sizeof(buf));
-  if (k < 0 && (errno == EINTR || errno == EAGAIN)) return;
+  if (k < 0 && (errno == EINTR || errno == EAGAIN)) return k < 0 && errno == EINTR;
   if (k > 0) {
     write_all(s.dest, s.lines.feed(std::string_view(buf, size_t(k))));
-    return;
+    return true;
   }
   write_all(s.dest, s.lines.finish());
   ::close(s.fd);
   s.fd = -1;
+  return false;
+}
+
+// Forwards what a rank wrote before it died, so its last words precede the launcher's verdict.
+// Bounded: a background process of the rank may keep writing.
+void drain(Child& c) {
+  for (int i = 0; i < 64 && (pump(c.out) | pump(c.err)); ++i) {
+  }
 }
 
 }  // namespace
@@ -354,6 +367,7 @@ int launch(const LaunchOptions& opt) {
       c.running = false;
       const bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
       if (failed && !stopping) {
+        drain(c);
         say("rank " + std::to_string(c.rank) + " (pid " + std::to_string(c.pid) + ") " +
             describe_status(status) + "; stopping the other ranks");
         begin_stop(exit_code_of(status), SIGTERM);
