@@ -17,7 +17,8 @@
 namespace epkit {
 
 // Everything one dispatch call reads and writes. dispatch_send reads the inputs, dispatch_recv
-// writes the outputs; pass the same struct to both halves.
+// writes the outputs; pass the same struct to both halves. Token-side tensors with zero rows
+// (m = 0) may have a null data pointer.
 struct DispatchArgs {
   Tensor x;                  // [rows >= m, H], dispatch dtype
   Tensor x_scale;            // [rows >= m, ceil(H/128)] fp32; required iff the payload is fp8
@@ -37,7 +38,8 @@ struct CombineArgs {
   Tensor topk_weights;       // [rows >= m, K] fp32; absent when config.weights_at_dispatch (dispatch carried them)
   int num_tokens = -1;       // m, as in DispatchArgs
   const int32_t* num_tokens_device = nullptr;
-  Tensor out;                // [rows >= m, H], combine_out dtype (output): sum_k w[t,k] * y(idx[t,k], t)
+  Tensor out;                // [rows >= m, H], combine_out dtype (output): sum_k w[t,k] * y(idx[t,k], t);
+                             // rows t >= m are left untouched
 };
 
 class AllToAll {

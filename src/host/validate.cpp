@@ -16,7 +16,9 @@ constexpr std::initializer_list<DType> kIndexTypes = {DType::kInt32, DType::kInt
 // Rows that kernels move with 16-byte vectors need 16-byte alignment; the rest their element size.
 int64_t check_tensor(const Tensor& t, const char* name, std::initializer_list<DType> dtypes,
                      std::initializer_list<int64_t> dims, size_t align = 0) {
-  EPKIT_CHECK(t.data != nullptr, name, " is missing (null data pointer)");
+  // An empty tensor may have no storage at all (torch gives a null pointer for m = 0).
+  const bool empty = t.ndim > 0 && t.numel() == 0;
+  EPKIT_CHECK(t.data != nullptr || empty, name, " is missing (null data pointer)");
   bool ok = false;
   std::string allowed;
   for (DType d : dtypes) {
@@ -34,7 +36,7 @@ int64_t check_tensor(const Tensor& t, const char* name, std::initializer_list<DT
     ++i;
   }
   if (align == 0) align = dtype_size(t.dtype);
-  EPKIT_CHECK(reinterpret_cast<uintptr_t>(t.data) % align == 0, name, " data pointer is not ", align,
+  EPKIT_CHECK(empty || reinterpret_cast<uintptr_t>(t.data) % align == 0, name, " data pointer is not ", align,
               "-byte aligned");
   return t.shape[0];
 }

@@ -123,6 +123,23 @@ TEST(Validate, EachBadDispatchArgumentIsNamed) {
   bad([](auto& a) { a.topk_weights = Tensor(addr(7), DType::kFP32, {8, 4}); }, "weights_at_dispatch = false");
 }
 
+TEST(Validate, EmptyTokenTensorsMayHaveNoStorage) {
+  const AllToAllConfig c = cfg();
+  DispatchArgs a = good_dispatch(c);
+  a.x = Tensor(nullptr, c.dispatch_dtype, {0, 256});
+  a.x_scale = Tensor(nullptr, DType::kFP32, {0, 2});
+  a.topk_idx = Tensor(nullptr, DType::kInt32, {0, 4});
+  a.num_tokens = 0;
+  const auto io = host::check_dispatch_args(c, a, true, true, "dispatch");
+  EXPECT_EQ(io.m.host_m, 0);
+  EXPECT_EQ(io.m.rows, 0);
+  a.num_tokens = 1;  // but no tokens can come from zero rows
+  expect_error([&] { host::check_dispatch_args(c, a, true, true, "dispatch"); }, "first dimension = 0");
+  a.expert_x = Tensor(nullptr, c.dispatch_dtype, {4, 16, 256});  // outputs are never empty
+  a.num_tokens = 0;
+  expect_error([&] { host::check_dispatch_args(c, a, true, true, "dispatch"); }, "expert_x is missing");
+}
+
 TEST(Validate, ScalesOnlyWithFp8) {
   const AllToAllConfig c = cfg(false);
   DispatchArgs a = good_dispatch(c);
