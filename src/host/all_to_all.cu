@@ -63,6 +63,8 @@ struct AllToAll::Impl {
   // raising them before a launch in mid-layer would leave peers waiting on this rank.
   void raise_pending(bool recoverable_too = true);
   void raise_fatal() { raise_pending(false); }
+  void dispatch_step(const DispatchArgs& a, cudaStream_t st, bool send, bool recv, const char* call);
+  void combine_step(const CombineArgs& a, cudaStream_t st, bool send, bool recv, const char* call);
   void expect(Next want, const char* call) const {
     EPKIT_CHECK(!dead, call, ": this AllToAll saw a device-side timeout earlier and is unusable");
     EPKIT_CHECK(next == want, call, " called out of order: the next call must be ", next_name(next));
@@ -227,11 +229,10 @@ AllToAll::AllToAll(const Communicator& comm, const AllToAllConfig& cfg_in) : imp
     return b < 1 ? 1 : (b > max_blocks ? max_blocks : b);
   };
   I.dispatch_shape = {blocks_for(kernels::dispatch_units(p.world_size, p.max_msgs_per_src, p.dispatch_slices)),
-                      kernels::kThreadsPerBlock,
                       kernels::dispatch_smem_bytes(cfg.world_size, cfg.num_experts, cfg.experts_per_token)};
   I.combine_shape = {
       blocks_for(kernels::combine_units(p.world_size, p.max_msgs_per_src, p.max_tokens, p.combine_slices)),
-      kernels::kThreadsPerBlock, kernels::combine_smem_bytes(cfg.world_size)};
+      kernels::combine_smem_bytes(cfg.world_size)};
   EPKIT_CUDA_CHECK(cudaDeviceSynchronize());
   comm.barrier();  // every rank's buffers are zeroed before any peer writes into them
 }
@@ -271,63 +272,31 @@ std::vector<std::pair<std::string, uint64_t>> AllToAll::stage_timestamps() const
 void AllToAll::check() const { impl_->raise_pending(); }
 
 
-void AllToAll::dispatch_send(const DispatchArgs& a, cudaStream_t st) {
-  Impl& I = *impl_;
-  I.raise_fatal();
-  I.expect(Next::kDispatchSend, "dispatch_send");
-  const auto io = host::check_dispatch_args(I.cfg, a, true, false, "dispatch_send");
-  EPKIT_CUDA_CHECK(kernels::launch_dispatch(I.params, io, true, false, I.dispatch_shape, st));
-  I.next = Next::kDispatchRecv;
+// One protocol step: fatal errors first, then call order, argument checks, the launch, and the
+// state the next call expects. A step that ends a layer may raise recoverable device errors.
+void AllToAll::Impl::dispatch_step(const DispatchArgs& a, cudaStream_t st, bool send, bool recv, const char* call) {
+  raise_fatal();
+  expect(send ? Next::kDispatchSend : Next::kDispatchRecv, call);
+  const auto io = host::check_dispatch_args(cfg, a, send, recv, call);
+  EPKIT_CUDA_CHECK(kernels::launch_dispatch(params, io, send, recv, dispatch_shape, st));
+  next = recv ? Next::kCombineSend : Next::kDispatchRecv;
 }
 
-void AllToAll::dispatch_recv(const DispatchArgs& a, cudaStream_t st) {
-  Impl& I = *impl_;
-  I.raise_fatal();
-  I.expect(Next::kDispatchRecv, "dispatch_recv");
-  const auto io = host::check_dispatch_args(I.cfg, a, false, true, "dispatch_recv");
-  EPKIT_CUDA_CHECK(kernels::launch_dispatch(I.params, io, false, true, I.dispatch_shape, st));
-  I.next = Next::kCombineSend;
+void AllToAll::Impl::combine_step(const CombineArgs& a, cudaStream_t st, bool send, bool recv, const char* call) {
+  raise_fatal();
+  expect(send ? Next::kCombineSend : Next::kCombineRecv, call);
+  const auto io = host::check_combine_args(cfg, a, send, recv, call);
+  EPKIT_CUDA_CHECK(kernels::launch_combine(params, io, cfg.combine_in_dtype, cfg.combine_out_dtype, send, recv,
+                                           combine_shape, st));
+  next = recv ? Next::kDispatchSend : Next::kCombineRecv;
+  if (recv) raise_pending();  // the layer is fully launched: recoverable errors may surface now
 }
 
-void AllToAll::dispatch(const DispatchArgs& a, cudaStream_t st) {
-  Impl& I = *impl_;
-  I.raise_fatal();
-  I.expect(Next::kDispatchSend, "dispatch");
-  const auto io = host::check_dispatch_args(I.cfg, a, true, true, "dispatch");
-  EPKIT_CUDA_CHECK(kernels::launch_dispatch(I.params, io, true, true, I.dispatch_shape, st));
-  I.next = Next::kCombineSend;
-}
-
-void AllToAll::combine_send(const CombineArgs& a, cudaStream_t st) {
-  Impl& I = *impl_;
-  I.raise_fatal();
-  I.expect(Next::kCombineSend, "combine_send");
-  const auto io = host::check_combine_args(I.cfg, a, true, false, "combine_send");
-  EPKIT_CUDA_CHECK(kernels::launch_combine(I.params, io, I.cfg.combine_in_dtype, I.cfg.combine_out_dtype, true, false,
-                                           I.combine_shape, st));
-  I.next = Next::kCombineRecv;
-}
-
-void AllToAll::combine_recv(const CombineArgs& a, cudaStream_t st) {
-  Impl& I = *impl_;
-  I.raise_fatal();
-  I.expect(Next::kCombineRecv, "combine_recv");
-  const auto io = host::check_combine_args(I.cfg, a, false, true, "combine_recv");
-  EPKIT_CUDA_CHECK(kernels::launch_combine(I.params, io, I.cfg.combine_in_dtype, I.cfg.combine_out_dtype, false, true,
-                                           I.combine_shape, st));
-  I.next = Next::kDispatchSend;
-  I.raise_pending();  // the layer is fully launched: recoverable errors may surface now
-}
-
-void AllToAll::combine(const CombineArgs& a, cudaStream_t st) {
-  Impl& I = *impl_;
-  I.raise_fatal();
-  I.expect(Next::kCombineSend, "combine");
-  const auto io = host::check_combine_args(I.cfg, a, true, true, "combine");
-  EPKIT_CUDA_CHECK(kernels::launch_combine(I.params, io, I.cfg.combine_in_dtype, I.cfg.combine_out_dtype, true, true,
-                                           I.combine_shape, st));
-  I.next = Next::kDispatchSend;
-  I.raise_pending();  // the layer is fully launched: recoverable errors may surface now
-}
+void AllToAll::dispatch_send(const DispatchArgs& a, cudaStream_t st) { impl_->dispatch_step(a, st, true, false, "dispatch_send"); }
+void AllToAll::dispatch_recv(const DispatchArgs& a, cudaStream_t st) { impl_->dispatch_step(a, st, false, true, "dispatch_recv"); }
+void AllToAll::dispatch(const DispatchArgs& a, cudaStream_t st) { impl_->dispatch_step(a, st, true, true, "dispatch"); }
+void AllToAll::combine_send(const CombineArgs& a, cudaStream_t st) { impl_->combine_step(a, st, true, false, "combine_send"); }
+void AllToAll::combine_recv(const CombineArgs& a, cudaStream_t st) { impl_->combine_step(a, st, false, true, "combine_recv"); }
+void AllToAll::combine(const CombineArgs& a, cudaStream_t st) { impl_->combine_step(a, st, true, true, "combine"); }
 
 }  // namespace epkit

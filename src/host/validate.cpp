@@ -20,12 +20,12 @@ int64_t check_tensor(const Tensor& t, const char* name, std::initializer_list<DT
   const bool empty = t.ndim > 0 && t.numel() == 0;
   EPKIT_CHECK(t.data != nullptr || empty, name, " is missing (null data pointer)");
   bool ok = false;
-  std::string allowed;
-  for (DType d : dtypes) {
-    ok |= t.dtype == d;
-    allowed += (allowed.empty() ? "" : " or ") + std::string(dtype_name(d));
+  for (DType d : dtypes) ok |= t.dtype == d;
+  if (!ok) {  // the message is built only on failure: no host allocation on the call path
+    std::string allowed;
+    for (DType d : dtypes) allowed += (allowed.empty() ? "" : " or ") + std::string(dtype_name(d));
+    EPKIT_FAIL(name, " has dtype ", dtype_name(t.dtype), ", expected ", allowed);
   }
-  EPKIT_CHECK(ok, name, " has dtype ", dtype_name(t.dtype), ", expected ", allowed);
   EPKIT_CHECK(t.ndim == static_cast<int>(dims.size()), name, " has shape ", t.shape_str(), " (", t.ndim,
               " dims), expected ", dims.size(), " dims");
   int i = 0;

@@ -173,12 +173,7 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
   const Tin* y = static_cast<const Tin*>(io.expert_y);
   for (int q = gw; q < total * nsc; q += nw) {
     const int qm = q / nsc, sl = q % nsc;
-    int lo = 0, hi = W - 1;
-    while (lo < hi) {
-      const int mid = (lo + hi + 1) / 2;
-      if (sm.msg_off[mid] <= qm) lo = mid; else hi = mid - 1;
-    }
-    const int s = lo, j = qm - sm.msg_off[s];
+    const int s = source_of_message(sm.msg_off, W, qm), j = qm - sm.msg_off[s];
     const size_t msg = static_cast<size_t>(s) * S + j;
     const int32_t* map = p.recv_map + msg * (K + 1);
     const int t = map[0];

@@ -137,6 +137,17 @@ __device__ __forceinline__ int num_own_tokens(const CommParams& p, int m) {
   return m > i ? (m - i + p.dp_size - 1) / p.dp_size : 0;
 }
 
+// Received messages are numbered source by source: the source of message q is the last s with
+// msg_off[s] <= q (msg_off is the prefix of per-source message counts, W + 1 entries).
+__device__ __forceinline__ int source_of_message(const int* msg_off, int W, int q) {
+  int lo = 0, hi = W - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (msg_off[mid] <= q) lo = mid; else hi = mid - 1;
+  }
+  return lo;
+}
+
 __device__ __forceinline__ uint8_t* peer_base(const CommParams& p, int r) { return p.peer_bases[r]; }
 
 template <typename T>

@@ -281,12 +281,7 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
   const uint8_t* recv = sym_at<uint8_t>(p, p.off_dispatch_recv);
   for (int q = blockIdx.x * kWarps + warp; q < total * nsd; q += gridDim.x * kWarps) {
     const int qm = q / nsd, sl = q % nsd;
-    int lo = 0, hi = W - 1;  // last s with msg_off[s] <= qm
-    while (lo < hi) {
-      const int mid = (lo + hi + 1) / 2;
-      if (sm.msg_off[mid] <= qm) lo = mid; else hi = mid - 1;
-    }
-    const int s = lo, j = qm - sm.msg_off[s];
+    const int s = source_of_message(sm.msg_off, W, qm), j = qm - sm.msg_off[s];
     const uint8_t* msg = recv + (static_cast<size_t>(s) * S + j) * p.msg_bytes;
     const int32_t* hdr = reinterpret_cast<const int32_t*>(msg);
     // Issue the slice's loads first; the header is small and read while they are in flight.

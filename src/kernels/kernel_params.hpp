@@ -124,9 +124,9 @@ struct CombineIO {
 inline constexpr int kThreadsPerBlock = 512;
 inline constexpr int kWarpsPerBlock = kThreadsPerBlock / 32;
 
+// Grid of one kernel; every block has kThreadsPerBlock threads.
 struct LaunchShape {
   int blocks;
-  int threads;
   size_t smem_bytes;
 };
 

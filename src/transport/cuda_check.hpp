@@ -3,8 +3,6 @@
 
 #include <cuda_runtime_api.h>
 
-#include <cstddef>
-
 #include "epkit/error.hpp"
 
 #define EPKIT_CUDA_CHECK(expr)                                                                       \
@@ -13,7 +11,3 @@
     if (_e != cudaSuccess)                                                                           \
       throw ::epkit::Error(__FILE__, __LINE__, ::epkit::detail::concat(#expr, " failed: ", cudaGetErrorString(_e))); \
   } while (0)
-
-namespace epkit {
-inline size_t align8(size_t n) { return (n + 7) / 8 * 8; }
-}  // namespace epkit
