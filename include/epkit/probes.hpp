@@ -59,4 +59,22 @@ struct PingPongResult {
 // only join the barriers. Empty one_way_us with one rank and on ranks other than 0.
 PingPongResult measure_put_signal_latency(const Communicator& comm, const PingPongOptions& opt, cudaStream_t stream);
 
+struct LaunchFloorOptions {
+  int blocks = 64;     // grid of the probe kernels (512 threads each, like the library's kernels)
+  int samples = 200;   // timed kernels of each kind (a few untimed before them)
+};
+
+struct LaunchFloorResult {
+  int blocks = 0;
+  std::vector<double> empty_us;     // barrier, event, empty kernel, event: the harness floor of one call
+  std::vector<double> exchange_us;  // same, kernel = every rank stores one flag to every P2P peer
+                                    // (st.release.sys) and spins on theirs (ld.acquire.sys): the floor
+                                    // of one phase that needs a signal from each peer
+};
+
+// Collective. The floor every timed epkit call pays in epkit-bench's harness: what an empty kernel
+// of the library's block shape costs between two events, and what one all-peer flag exchange costs.
+// exchange_us is empty when some peer is not P2P-reachable.
+LaunchFloorResult measure_launch_floor(const Communicator& comm, const LaunchFloorOptions& opt, cudaStream_t stream);
+
 }  // namespace epkit::probes

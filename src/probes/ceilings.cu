@@ -63,6 +63,25 @@ __global__ void ping_pong_kernel(uint8_t* dst, const uint8_t* src, uint64_t* fla
   if (threadIdx.x == 0) nvshmem_quiet();
 }
 
+__global__ void __launch_bounds__(512, 1) empty_kernel() {}
+
+// Block 0, thread d < W: store `seq` into peer d's flag slot for this rank, then wait for peer d's.
+// Other blocks exit at once (they are there so the launch costs what the library's launches cost).
+__global__ void __launch_bounds__(512, 1)
+    flag_exchange_kernel(uint64_t* const* peer_flags, uint64_t* my_flags, int me, int world, uint64_t seq) {
+  if (blockIdx.x != 0) return;
+  const int d = threadIdx.x;
+  if (d < world) {
+    asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(peer_flags[d] + me), "l"(seq) : "memory");
+    uint64_t v = 0, t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do {  // bounded: a peer that never stores makes this sample slow, not the process hang
+      asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(my_flags + d) : "memory");
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    } while (v < seq && t - t0 < 10000000000ull);
+  }
+}
+
 }  // namespace
 
 void* peer_address(const Communicator& comm, const void* symmetric_ptr, int peer) {
@@ -152,6 +171,56 @@ PingPongResult measure_put_signal_latency(const Communicator& comm, const PingPo
     cuda_check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
     next_seq += static_cast<uint64_t>(opt.round_trips);
     if (s > 0 && me == 0) r.one_way_us.push_back(ev.elapsed_us() / (2.0 * opt.round_trips));
+  }
+  comm.barrier_on_stream(stream);
+  cuda_check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  return r;
+}
+
+LaunchFloorResult measure_launch_floor(const Communicator& comm, const LaunchFloorOptions& opt,
+                                       cudaStream_t stream) {
+  EPKIT_CHECK(opt.blocks >= 1 && opt.samples >= 1, "measure_launch_floor: blocks ", opt.blocks, " and samples ",
+              opt.samples, " must be >= 1");
+  LaunchFloorResult r;
+  r.blocks = opt.blocks;
+  const int W = comm.world_size(), me = comm.rank();
+  SymmetricBuffer flags(comm, static_cast<size_t>(W) * sizeof(uint64_t));
+  cuda_check(cudaMemsetAsync(flags.ptr, 0, static_cast<size_t>(W) * sizeof(uint64_t), stream), "cudaMemsetAsync");
+  std::vector<uint64_t*> peers(W);
+  bool all_p2p = true;
+  for (int d = 0; d < W; ++d) {
+    peers[d] = static_cast<uint64_t*>(nvshmem_ptr(flags.ptr, d));
+    all_p2p &= peers[d] != nullptr;
+  }
+  uint64_t** peers_dev = nullptr;
+  cuda_check(cudaMalloc(&peers_dev, W * sizeof(uint64_t*)), "cudaMalloc");
+  struct Free {
+    void* p;
+    ~Free() { cudaFree(p); }
+  } free_peers{peers_dev};
+  cuda_check(cudaMemcpy(peers_dev, peers.data(), W * sizeof(uint64_t*), cudaMemcpyHostToDevice), "cudaMemcpy");
+  cuda_check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  comm.barrier();
+  auto* my_flags = static_cast<uint64_t*>(flags.ptr);
+  const int warmup = 5;
+  // Queued back to back like the bench's samples; events read after one sync at the end.
+  auto time_kernel = [&](std::vector<double>& out, auto&& launch) {
+    std::vector<EventPair> ev(static_cast<size_t>(opt.samples + warmup));
+    for (size_t i = 0; i < ev.size(); ++i) {
+      comm.barrier_on_stream(stream);
+      cuda_check(cudaEventRecord(ev[i].start, stream), "cudaEventRecord");
+      launch();
+      cuda_check(cudaGetLastError(), "probe kernel launch");
+      cuda_check(cudaEventRecord(ev[i].stop, stream), "cudaEventRecord");
+    }
+    cuda_check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+    for (size_t i = warmup; i < ev.size(); ++i) out.push_back(ev[i].elapsed_us());
+  };
+  time_kernel(r.empty_us, [&] { empty_kernel<<<opt.blocks, 512, 0, stream>>>(); });
+  if (all_p2p && W > 1) {
+    uint64_t seq = 0;
+    time_kernel(r.exchange_us,
+                [&] { flag_exchange_kernel<<<opt.blocks, 512, 0, stream>>>(peers_dev, my_flags, me, W, ++seq); });
   }
   comm.barrier_on_stream(stream);
   cuda_check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");

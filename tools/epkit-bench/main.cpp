@@ -76,6 +76,14 @@ Ceilings measure_ceilings(const Communicator& comm, const Options& opt, cudaStre
     c.put_signal_us_median = s.median;
     c.put_signal_us_p99 = s.p99;
   }
+  const probes::LaunchFloorResult lf = probes::measure_launch_floor(comm, probes::LaunchFloorOptions{}, stream);
+  c.launch_floor_blocks = lf.blocks;
+  c.empty_kernel_us_median = summarize_slowest(comm, lf.empty_us).median;
+  // Collective on every rank: a rank without the exchange (a non-P2P peer) contributes "infinite".
+  std::vector<double> ex = lf.exchange_us;
+  if (ex.empty()) ex.assign(lf.empty_us.size(), 1e30);
+  const double ex_median = summarize_slowest(comm, ex).median;
+  if (ex_median < 1e29) c.flag_exchange_us_median = ex_median;
   return c;
 }
 

@@ -109,7 +109,10 @@ void write_json(std::ostream& os, const Report& r) {
      << ",\n    \"put_signal_us_median\": " << json_value(c.put_signal_us_median)
      << ",\n    \"put_signal_us_p99\": " << json_value(c.put_signal_us_p99)
      << ",\n    \"put_signal_bytes\": " << c.put_signal_bytes
-     << ",\n    \"put_signal_method\": " << json_quote(c.put_signal_method) << "\n  },\n  \"rows\": [";
+     << ",\n    \"put_signal_method\": " << json_quote(c.put_signal_method)
+     << ",\n    \"launch_floor_blocks\": " << c.launch_floor_blocks
+     << ",\n    \"empty_kernel_us_median\": " << json_value(c.empty_kernel_us_median)
+     << ",\n    \"flag_exchange_us_median\": " << json_value(c.flag_exchange_us_median) << "\n  },\n  \"rows\": [";
   for (size_t i = 0; i < r.rows.size(); ++i) {
     os << (i ? "," : "") << "\n    {";
     const auto& fields = row_fields();
@@ -137,6 +140,9 @@ void print_table(std::ostream& os, const Report& r) {
   os << "ceilings: P2P copy " << fixed(c.p2p_gbps, 1) << " GB/s per direction (" << c.p2p_method
      << "); put-with-signal one-way " << fixed(c.put_signal_us_median, 2) << " us median, "
      << fixed(c.put_signal_us_p99, 2) << " us p99 (" << c.put_signal_method << ")\n";
+  os << "harness floor per timed call (" << c.launch_floor_blocks << " blocks x 512 threads): empty kernel "
+     << fixed(c.empty_kernel_us_median, 2) << " us, one flag to and from every P2P peer "
+     << fixed(c.flag_exchange_us_median, 2) << " us (medians)\n";
   os << std::left << std::setw(14) << "preset" << std::right << std::setw(6) << "tok" << std::setw(3) << "W"
      << "  " << std::left << std::setw(8) << "system" << std::right << std::setw(10) << "disp_us"
      << std::setw(10) << "comb_us" << std::setw(10) << "total_us" << std::setw(10) << "p99_us" << std::setw(10)

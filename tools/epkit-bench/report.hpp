@@ -73,6 +73,10 @@ struct Ceilings {
   double put_signal_us_p99 = kNotMeasured;
   int64_t put_signal_bytes = 0;
   std::string put_signal_method;
+  // Harness floor of one timed call (barrier, event, kernel, event), library block shape.
+  int launch_floor_blocks = 0;
+  double empty_kernel_us_median = kNotMeasured;   // empty kernel
+  double flag_exchange_us_median = kNotMeasured;  // one flag to and from every P2P peer
 };
 
 struct Report {
