@@ -59,6 +59,36 @@ struct PingPongResult {
 // only join the barriers. Empty one_way_us with one rank and on ranks other than 0.
 PingPongResult measure_put_signal_latency(const Communicator& comm, const PingPongOptions& opt, cudaStream_t stream);
 
+// Holds a stream behind a spinning kernel while the host queues a batch of timed samples, then
+// lets it go. Without it a fast device drains the queue and waits for the host between launches,
+// and CUDA events then time the host's launch rate (several microseconds per launch) rather than
+// the device work. The kernel gives up after 10 s so a host that never opens the gate cannot hang
+// the stream. Keep a batch under ~100 queued operations (the launch queue has a fixed depth).
+class HostGate {
+ public:
+  HostGate();
+  ~HostGate();
+  HostGate(const HostGate&) = delete;
+  HostGate& operator=(const HostGate&) = delete;
+  void close(cudaStream_t stream);  // work queued on `stream` after this waits for open()
+  void open();                      // lets the stream run
+
+ private:
+  volatile unsigned* host_ = nullptr;
+  unsigned* dev_ = nullptr;
+  unsigned target_ = 0;
+};
+
+// Queues `samples` calls of sample(i) on `stream` in gated batches of `batch` (see HostGate).
+template <typename F>
+void queue_gated(HostGate& gate, cudaStream_t stream, int samples, int batch, F&& sample) {
+  for (int i0 = 0; i0 < samples; i0 += batch) {
+    gate.close(stream);
+    for (int i = i0; i < samples && i < i0 + batch; ++i) sample(i);
+    gate.open();
+  }
+}
+
 struct LaunchFloorOptions {
   int blocks = 64;     // grid of the probe kernels (512 threads each, like the library's kernels)
   int samples = 200;   // timed kernels of each kind (a few untimed before them)
@@ -67,6 +97,7 @@ struct LaunchFloorOptions {
 struct LaunchFloorResult {
   int blocks = 0;
   std::vector<double> empty_us;     // barrier, event, empty kernel, event: the harness floor of one call
+                                    // (samples queued ahead behind a HostGate, as epkit-bench does)
   std::vector<double> exchange_us;  // same, kernel = every rank stores one flag to every P2P peer
                                     // (st.release.sys) and spins on theirs (ld.acquire.sys): the floor
                                     // of one phase that needs a signal from each peer

@@ -17,15 +17,6 @@ template <typename T>
 struct Vec8;
 template <>
 struct Vec8<__nv_bfloat16> {
-  __device__ static void load(const void* p, float* f) {
-    const int4 v = __ldg(reinterpret_cast<const int4*>(p));
-    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float2 x = __bfloat1622float2(h[i]);
-      f[2 * i] = x.x, f[2 * i + 1] = x.y;
-    }
-  }
   __device__ static int4 pack(const float* f) {
     int4 v;
     __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&v);
@@ -44,10 +35,6 @@ struct Vec8<__nv_bfloat16> {
 };
 template <>
 struct Vec8<__half> {
-  __device__ static void load(const void* p, float* f) {
-    const int4 v = __ldg(reinterpret_cast<const int4*>(p));
-    unpack(v, f);
-  }
   __device__ static int4 pack(const float* f) {
     int4 v;
     __half2* h = reinterpret_cast<__half2*>(&v);
@@ -64,11 +51,23 @@ struct Vec8<__half> {
     }
   }
 };
+
+// Eight elements of an expert-output row, loaded raw (so two rows' loads can be in flight before
+// any conversion) and unpacked to fp32 afterwards.
+template <typename T>
+struct RawRow {
+  int4 v;
+  __device__ void load(const T* p) { v = __ldg(reinterpret_cast<const int4*>(p)); }
+  __device__ void unpack(float* f) const { Vec8<T>::unpack(v, f); }
+};
 template <>
-struct Vec8<float> {
-  __device__ static void load(const void* p, float* f) {
-    const float4 a = __ldg(reinterpret_cast<const float4*>(p));
-    const float4 b = __ldg(reinterpret_cast<const float4*>(p) + 1);
+struct RawRow<float> {
+  float4 a, b;
+  __device__ void load(const float* p) {
+    a = __ldg(reinterpret_cast<const float4*>(p));
+    b = __ldg(reinterpret_cast<const float4*>(p) + 1);
+  }
+  __device__ void unpack(float* f) const {
     f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
   }
 };
@@ -98,7 +97,7 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
       if (uint8_t* pb = peer_base(p, d)) {
         st_release_sys(reinterpret_cast<uint64_t*>(pb + p.off_barrier_flag) + me, seq);
       } else {
-        nvshmemx_signal_op(sym_at<uint64_t>(p, p.off_barrier_flag) + me, seq, NVSHMEM_SIGNAL_SET, d);
+        signal_remote(sym_at<uint64_t>(p, p.off_barrier_flag) + me, seq, NVSHMEM_SIGNAL_SET, d);
       }
     }
   }
@@ -132,7 +131,7 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
             __threadfence();
             staged = true;
           }
-          nvshmemx_putmem_signal_nbi_warp(p.sym + off, stage, K * sizeof(float),
+          put_signal_warp(p.sym + off, stage, K * sizeof(float),
                                           sym_at<uint64_t>(p, p.off_weights_recv_ctr) + me, 1, NVSHMEM_SIGNAL_ADD, d);
         }
       }
@@ -184,23 +183,39 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
     for (int qq = 0; qq < kUnroll; ++qq)
 #pragma unroll
       for (int i = 0; i < 8; ++i) acc[qq][i] = 0.f;
-#pragma unroll 2
-    for (int k = 0; k < kMaxTopK; ++k) {
-      // Broadcast entry k's slot and weight (warp-uniform, so the skip below is too).
-      const int slot_k = __shfl_sync(0xffffffffu, slot, k);
-      const float w_k = __shfl_sync(0xffffffffu, wk, k);
-      if (k >= K || slot_k < 0) continue;
-      const Tin* row = y + static_cast<size_t>(slot_k) * H;
-      float v[kUnroll][8];
+    // The message's local experts two at a time, both rows' loads in flight together (one at a
+    // time, each expert cost a full memory round trip).
+    unsigned kmask = __ballot_sync(0xffffffffu, lane < K && slot >= 0);
+    while (kmask) {
+      const int ka = __ffs(kmask) - 1;
+      kmask &= kmask - 1;
+      const int kb = kmask ? __ffs(kmask) - 1 : -1;
+      if (kb >= 0) kmask &= kmask - 1;
+      const int slot_a = __shfl_sync(0xffffffffu, slot, ka), slot_b = __shfl_sync(0xffffffffu, slot, kb < 0 ? ka : kb);
+      const float w_a = __shfl_sync(0xffffffffu, wk, ka), w_b = __shfl_sync(0xffffffffu, wk, kb < 0 ? ka : kb);
+      const Tin* row_a = y + static_cast<size_t>(slot_a) * H;
+      const Tin* row_b = y + static_cast<size_t>(slot_b) * H;
+      RawRow<Tin> ra[kUnroll], rb[kUnroll];
 #pragma unroll
-      for (int qq = 0; qq < kUnroll; ++qq) {  // all loads of this expert row in flight together
+      for (int qq = 0; qq < kUnroll; ++qq) {
         const int c = sl * kSliceChunks + qq * kWarpSize + lane;
-        if (c < chunks) Vec8<Tin>::load(row + c * 8, v[qq]);
+        if (c < chunks) {
+          ra[qq].load(row_a + c * 8);
+          if (kb >= 0) rb[qq].load(row_b + c * 8);
+        }
       }
 #pragma unroll
-      for (int qq = 0; qq < kUnroll; ++qq)
+      for (int qq = 0; qq < kUnroll; ++qq) {
+        float v[8];
+        ra[qq].unpack(v);
 #pragma unroll
-        for (int i = 0; i < 8; ++i) acc[qq][i] = fmaf(w_k, v[qq][i], acc[qq][i]);
+        for (int i = 0; i < 8; ++i) acc[qq][i] = fmaf(w_a, v[i], acc[qq][i]);
+        if (kb >= 0) {
+          rb[qq].unpack(v);
+#pragma unroll
+          for (int i = 0; i < 8; ++i) acc[qq][i] = fmaf(w_b, v[i], acc[qq][i]);
+        }
+      }
     }
     const int p0 = (s / D) * D;  // the source's DP group: every member gets the partial
     bool any_portable = false;
@@ -237,7 +252,7 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
       const size_t hi_b = min(out_row, lo_b + static_cast<size_t>(kSliceChunks) * 16);
       for (int dd = 0; dd < D; ++dd)
         if (peer_base(p, p0 + dd) == nullptr)
-          nvshmemx_putmem_signal_nbi_warp(p.sym + dst_off + lo_b, stage + lo_b, hi_b - lo_b,
+          put_signal_warp(p.sym + dst_off + lo_b, stage + lo_b, hi_b - lo_b,
                                           sym_at<uint64_t>(p, p.off_combine_flag) + flag_idx, seq, NVSHMEM_SIGNAL_SET,
                                           p0 + dd);
     }
@@ -276,22 +291,35 @@ __device__ void combine_recv(const CommParams& p, const CombineIO& io, uint64_t 
     for (int qq = 0; qq < kUnroll; ++qq)
 #pragma unroll
       for (int i = 0; i < 8; ++i) acc[qq][i] = 0.f;
-#pragma unroll 1
-    for (int k = 0; k < kMaxTopK; ++k) {
-      if (!((dmask >> k) & 1u)) continue;
-      const uint8_t* row = partials + (static_cast<size_t>(__shfl_sync(0xffffffffu, r, k)) * M + t) * out_row;
-      int4 v[kUnroll];
+    // Partials two ranks at a time, both rows' loads in flight together.
+    for (unsigned km = dmask; km;) {
+      const int ka = __ffs(km) - 1;
+      km &= km - 1;
+      const int kb = km ? __ffs(km) - 1 : -1;
+      if (kb >= 0) km &= km - 1;
+      const int ra = __shfl_sync(0xffffffffu, r, ka), rb = __shfl_sync(0xffffffffu, r, kb < 0 ? ka : kb);
+      const uint8_t* row_a = partials + (static_cast<size_t>(ra) * M + t) * out_row;
+      const uint8_t* row_b = partials + (static_cast<size_t>(rb) * M + t) * out_row;
+      int4 va[kUnroll], vb[kUnroll];
 #pragma unroll
       for (int qq = 0; qq < kUnroll; ++qq) {
         const int c = sl * kSliceChunks + qq * kWarpSize + lane;
-        if (c < chunks) v[qq] = ld_cg16(row + static_cast<size_t>(c) * 16);
+        if (c < chunks) {
+          va[qq] = ld_cg16(row_a + static_cast<size_t>(c) * 16);
+          if (kb >= 0) vb[qq] = ld_cg16(row_b + static_cast<size_t>(c) * 16);
+        }
       }
 #pragma unroll
       for (int qq = 0; qq < kUnroll; ++qq) {
         float f[8];
-        Vec8<Tout>::unpack(v[qq], f);
+        Vec8<Tout>::unpack(va[qq], f);
 #pragma unroll
         for (int i = 0; i < 8; ++i) acc[qq][i] += f[i];
+        if (kb >= 0) {
+          Vec8<Tout>::unpack(vb[qq], f);
+#pragma unroll
+          for (int i = 0; i < 8; ++i) acc[qq][i] += f[i];
+        }
       }
     }
 #pragma unroll

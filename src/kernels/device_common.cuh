@@ -53,8 +53,12 @@ __device__ __forceinline__ bool is_aborted(const CommParams& p) {
 }
 
 // Records the first error of this object (later ones are dropped: the first is the cause).
-__device__ inline void record_error(const CommParams& p, int32_t code, int32_t phase, int32_t what, int32_t peer,
-                                    int32_t expert, int32_t token, int64_t value, int64_t limit, uint64_t seq) {
+// Out of line, like every cold path below: inlined, each call site put ~40 instructions (a CAS and
+// two system fences) into the middle of the hot loops, and the fetches of the hot code that jumped
+// over them dominated the small-batch kernels (instruction-cache misses, not data).
+static __device__ __noinline__ void record_error(const CommParams& p, int32_t code, int32_t phase, int32_t what,
+                                                 int32_t peer, int32_t expert, int32_t token, int64_t value,
+                                                 int64_t limit, uint64_t seq) {
   if (atomicCAS(&p.state->error_lock, 0, 1) != 0) return;
   ErrorRecord* e = p.err;
   e->phase = phase;
@@ -71,18 +75,26 @@ __device__ inline void record_error(const CommParams& p, int32_t code, int32_t p
   __threadfence_system();
 }
 
+// NVSHMEM's warp put-with-signal and signal op, out of line: they are the portable path (peers
+// without P2P), and their inlined bodies are large.
+static __device__ __noinline__ void put_signal_warp(void* dst, const void* src, size_t bytes, uint64_t* sig,
+                                                    uint64_t value, int op, int pe) {
+  nvshmemx_putmem_signal_nbi_warp(dst, src, bytes, sig, value, op, pe);
+}
+static __device__ __noinline__ void signal_remote(uint64_t* sig, uint64_t value, int op, int pe) {
+  nvshmemx_signal_op(sig, value, op, pe);
+}
+
 enum class Cmp { kEq, kGe };
 
-// Spins until *flag == target (kEq) or *flag >= target (kGe). On timeout records which peer never
-// signalled, marks the object aborted and returns false; returns false at once once aborted.
-__device__ inline bool wait_flag(const CommParams& p, const uint64_t* flag, uint64_t target, Cmp cmp, int32_t phase,
-                                 int32_t what, int32_t peer, int32_t token, uint64_t seq) {
-  uint64_t v = ld_acquire_sys(flag);
-  if (cmp == Cmp::kEq ? v == target : v >= target) return true;
+// The spinning part of wait_flag, out of line (see record_error).
+static __device__ __noinline__ bool wait_flag_slow(const CommParams& p, const uint64_t* flag, uint64_t target, Cmp cmp,
+                                                   int32_t phase, int32_t what, int32_t peer, int32_t token,
+                                                   uint64_t seq) {
   const uint64_t start = global_timer_ns();
   uint32_t spins = 0;
   while (true) {
-    v = ld_acquire_sys(flag);
+    const uint64_t v = ld_acquire_sys(flag);
     if (cmp == Cmp::kEq ? v == target : v >= target) return true;
     if ((++spins & 63) == 0) {
       if (is_aborted(p)) return false;
@@ -97,13 +109,22 @@ __device__ inline bool wait_flag(const CommParams& p, const uint64_t* flag, uint
   }
 }
 
+// Spins until *flag == target (kEq) or *flag >= target (kGe). On timeout records which peer never
+// signalled, marks the object aborted and returns false; returns false at once once aborted.
+__device__ __forceinline__ bool wait_flag(const CommParams& p, const uint64_t* flag, uint64_t target, Cmp cmp,
+                                          int32_t phase, int32_t what, int32_t peer, int32_t token, uint64_t seq) {
+  const uint64_t v = ld_acquire_sys(flag);
+  if (cmp == Cmp::kEq ? v == target : v >= target) return true;
+  return wait_flag_slow(p, flag, target, cmp, phase, what, peer, token, seq);
+}
+
 // m for this call: the host value, or the device value clamped to [0, min(M, rows)] (reported).
 __device__ inline int resolve_num_tokens(const CommParams& p, const TokenCount& tc, int32_t phase, uint64_t seq,
                                          bool report) {
   if (tc.dev_m == nullptr) return tc.host_m;
   int m = *reinterpret_cast<const volatile int32_t*>(tc.dev_m);
   const int limit = min(p.max_tokens, tc.rows);
-  if (m < 0 || m > limit) {
+  if (__builtin_expect(m < 0 || m > limit, 0)) {
     if (report) record_error(p, kErrNumTokens, phase, kWaitNone, -1, -1, -1, m, limit, seq);
     m = m < 0 ? 0 : limit;
   }
@@ -123,7 +144,7 @@ __device__ __forceinline__ int read_expert(const CommParams& p, const void* idx,
     v = u == 0xffffffffu ? -1 : static_cast<int64_t>(u);
   }
   if (v < 0) return -1;
-  if (v >= p.num_experts) {
+  if (__builtin_expect(v >= p.num_experts, 0)) {
     if (report) record_error(p, kErrExpertIndex, phase, kWaitNone, -1, static_cast<int32_t>(v > INT32_MAX ? INT32_MAX : v),
                              token, v, p.num_experts, seq);
     return -1;

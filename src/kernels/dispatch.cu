@@ -13,6 +13,7 @@ namespace epkit::kernels {
 namespace {
 
 constexpr int kRoundTokens = 64;  // own tokens placed per round of the send half
+constexpr int kHistUnroll = 4;    // topk loads in flight per lane in the send half's histogram
 constexpr int kUnroll = 4;        // 16-byte chunks per lane per slice (kSliceBytes = 32 * 4 * 16)
 constexpr int kSliceChunks = kWarpSize * kUnroll;
 
@@ -60,31 +61,36 @@ __device__ void dispatch_send(const CommParams& p, const DispatchIO& io, uint64_
   __syncthreads();
 
   // Histogram over all own tokens; entries of tokens before this block's chunk seed the running
-  // counters, which makes every (sender, expert) rank and every destination slot unique.
-  for (int u = threadIdx.x; u < n_own; u += blockDim.x) {
-    const int t = u * D + gi;
-    const bool before = u < u0;
-    // All K loads first: interleaved with the atomics below they would go out one at a time.
-    int ex[kMaxTopK];
+  // counters, which makes every (sender, expert) rank and every destination slot unique. Lanes work
+  // in groups of G >= K (a power of two): lane k of a group reads entry k of one token, so a warp
+  // reads 32 / G tokens with one coalesced load, kHistUnroll loads in flight per lane.
+  {
+    const int G = K <= 1 ? 1 : K <= 2 ? 2 : K <= 4 ? 4 : K <= 8 ? 8 : 16;
+    const int per_warp = kWarpSize / G, k = lane % G, sub = lane / G;
+    const int step = kWarps * per_warp;
+    for (int base = warp * per_warp; base < n_own; base += kHistUnroll * step) {
+      int ex[kHistUnroll];
 #pragma unroll
-    for (int k = 0; k < kMaxTopK; ++k)
-      ex[k] = k < K ? read_expert(p, io.topk_idx, io.idx_type, static_cast<int64_t>(t) * K + k, kPhaseDispatchSend, t,
-                                  seq, blockIdx.x == 0)
-                    : -1;
+      for (int q = 0; q < kHistUnroll; ++q) {
+        const int u = base + q * step + sub;
+        ex[q] = u < n_own && k < K ? read_expert(p, io.topk_idx, io.idx_type, static_cast<int64_t>(u * D + gi) * K + k,
+                                                 kPhaseDispatchSend, u * D + gi, seq, blockIdx.x == 0)
+                                   : -1;
+      }
 #pragma unroll
-    for (int k = 0; k < kMaxTopK; ++k) {
-      const int e = ex[k];
-      if (e < 0) continue;
-      atomicAdd(&sm.cnt_total[e], 1);
-      if (before) atomicAdd(&sm.run_e[e], 1);
-      const int r = e / L;
-      bool first = true;
-#pragma unroll
-      for (int k2 = 0; k2 < kMaxTopK; ++k2)
-        if (k2 < k && ex[k2] >= 0 && ex[k2] / L == r) first = false;
-      if (first) {
-        atomicAdd(&sm.dst_total[r], 1);
-        if (before) atomicAdd(&sm.run_d[r], 1);
+      for (int q = 0; q < kHistUnroll; ++q) {
+        const int e = ex[q], u = base + q * step + sub;
+        const int r = e >= 0 ? e / L : -1;
+        // Lanes of the same token with the same destination: the lowest one counts the message.
+        const unsigned same = __match_any_sync(0xffffffffu, e >= 0 ? sub * W + r : -1 - lane);
+        if (e < 0) continue;
+        const bool before = u < u0;
+        atomicAdd(&sm.cnt_total[e], 1);
+        if (before) atomicAdd(&sm.run_e[e], 1);
+        if ((same & ((1u << lane) - 1)) == 0) {
+          atomicAdd(&sm.dst_total[r], 1);
+          if (before) atomicAdd(&sm.run_d[r], 1);
+        }
       }
     }
   }
@@ -102,7 +108,7 @@ __device__ void dispatch_send(const CommParams& p, const DispatchIO& io, uint64_
     __syncwarp();
     if (!pb) {  // direct-store peers get their count flag with the data, at the end of this block
       __threadfence();
-      nvshmemx_putmem_signal_nbi_warp(sym_at<int32_t>(p, p.off_dispatch_counts) + static_cast<size_t>(me) * (L + 1),
+      put_signal_warp(sym_at<int32_t>(p, p.off_dispatch_counts) + static_cast<size_t>(me) * (L + 1),
                                       dst, (L + 1) * sizeof(int32_t),
                                       sym_at<uint64_t>(p, p.off_dispatch_count_flag) + me, seq, NVSHMEM_SIGNAL_SET, d);
     }
@@ -205,7 +211,7 @@ __device__ void dispatch_send(const CommParams& p, const DispatchIO& io, uint64_
           const size_t lo = sl == 0 ? 0 : p.payload_offset + static_cast<size_t>(sl) * kSliceChunks * 16;
           const size_t hi = min(static_cast<size_t>(p.msg_bytes),
                                 p.payload_offset + static_cast<size_t>(sl + 1) * kSliceChunks * 16);
-          nvshmemx_putmem_signal_nbi_warp(p.sym + slot_off + lo, stage + lo, hi - lo,
+          put_signal_warp(p.sym + slot_off + lo, stage + lo, hi - lo,
                                           sym_at<uint64_t>(p, p.off_dispatch_recv_ctr) + me, 1, NVSHMEM_SIGNAL_ADD,
                                           rd);
         }
@@ -236,6 +242,8 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
   RecvSmem sm{smem, smem + W * L, smem + 2 * W * L, smem + 2 * W * L + W};
 
   const uint64_t* count_flag = sym_at<uint64_t>(p, p.off_dispatch_count_flag);
+  // Issued before the waits so its latency hides behind them.
+  const uint64_t my_base = threadIdx.x < W ? p.recv_base[threadIdx.x] : 0;
   for (int s = threadIdx.x; s < W; s += blockDim.x)
     wait_flag(p, count_flag + s, seq, Cmp::kEq, kPhaseDispatchRecv, kWaitDispatchCounts, s, -1, seq);
   __syncthreads();
@@ -270,7 +278,8 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
   EPKIT_STAGE(p, kStOffsetsDone);
   const uint64_t* recv_ctr = sym_at<uint64_t>(p, p.off_dispatch_recv_ctr);
   for (int s = threadIdx.x; s < W; s += blockDim.x)
-    wait_flag(p, recv_ctr + s, p.recv_base[s] + static_cast<uint64_t>(sm.nmsg[s]) * nsd, Cmp::kGe,
+    wait_flag(p, recv_ctr + s, (s == static_cast<int>(threadIdx.x) ? my_base : p.recv_base[s]) +
+              static_cast<uint64_t>(sm.nmsg[s]) * nsd, Cmp::kGe,
               kPhaseDispatchRecv, kWaitDispatchData, s, -1, seq);
   __syncthreads();
   EPKIT_STAGE(p, kStDataArrived);

@@ -65,6 +65,16 @@ __global__ void ping_pong_kernel(uint8_t* dst, const uint8_t* src, uint64_t* fla
 
 __global__ void __launch_bounds__(512, 1) empty_kernel() {}
 
+__global__ void gate_kernel(const volatile unsigned* counter, unsigned target) {
+  uint64_t t0, t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  do {
+    if (*counter >= target) return;
+    __nanosleep(200);
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  } while (t - t0 < 10000000000ull);
+}
+
 // Block 0, thread d < W: store `seq` into peer d's flag slot for this rank, then wait for peer d's.
 // Other blocks exit at once (they are there so the launch costs what the library's launches cost).
 __global__ void __launch_bounds__(512, 1)
@@ -83,6 +93,25 @@ __global__ void __launch_bounds__(512, 1)
 }
 
 }  // namespace
+
+HostGate::HostGate() {
+  unsigned* h = nullptr;
+  cuda_check(cudaHostAlloc(&h, sizeof(unsigned), cudaHostAllocMapped), "cudaHostAlloc");
+  *h = 0;
+  host_ = h;
+  cuda_check(cudaHostGetDevicePointer(reinterpret_cast<void**>(&dev_), h, 0), "cudaHostGetDevicePointer");
+}
+HostGate::~HostGate() {
+  if (host_) cudaFreeHost(const_cast<unsigned*>(host_));
+}
+void HostGate::close(cudaStream_t stream) {
+  gate_kernel<<<1, 1, 0, stream>>>(dev_, ++target_);
+  cuda_check(cudaGetLastError(), "gate kernel launch");
+}
+void HostGate::open() {
+  // The counter only grows, so a gate kernel that starts late still sees its target reached.
+  __atomic_store_n(const_cast<unsigned*>(host_), target_, __ATOMIC_RELEASE);
+}
 
 void* peer_address(const Communicator& comm, const void* symmetric_ptr, int peer) {
   EPKIT_CHECK(peer >= 0 && peer < comm.world_size(), "peer_address: peer ", peer, " is outside [0, ",
@@ -203,16 +232,17 @@ LaunchFloorResult measure_launch_floor(const Communicator& comm, const LaunchFlo
   comm.barrier();
   auto* my_flags = static_cast<uint64_t*>(flags.ptr);
   const int warmup = 5;
-  // Queued back to back like the bench's samples; events read after one sync at the end.
+  // Queued ahead behind a gate like the bench's samples; events read after one sync at the end.
+  HostGate gate;
   auto time_kernel = [&](std::vector<double>& out, auto&& launch) {
     std::vector<EventPair> ev(static_cast<size_t>(opt.samples + warmup));
-    for (size_t i = 0; i < ev.size(); ++i) {
+    queue_gated(gate, stream, static_cast<int>(ev.size()), 16, [&](int i) {
       comm.barrier_on_stream(stream);
       cuda_check(cudaEventRecord(ev[i].start, stream), "cudaEventRecord");
       launch();
       cuda_check(cudaGetLastError(), "probe kernel launch");
       cuda_check(cudaEventRecord(ev[i].stop, stream), "cudaEventRecord");
-    }
+    });
     cuda_check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
     for (size_t i = warmup; i < ev.size(); ++i) out.push_back(ev[i].elapsed_us());
   };

@@ -12,6 +12,7 @@
 #include "device.hpp"
 #include "epkit/error.hpp"
 #include "run_epkit.hpp"
+#include "epkit/probes.hpp"
 #include "timing.hpp"
 
 #ifdef EPKIT_BENCH_HAVE_NCCL
@@ -48,14 +49,15 @@ void time_dense(const Communicator& comm, const Case& c, const AlgorithmicBytes&
   cuda_check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
   const int n = opt.iters;
   EventGrid ev(n, 3);
-  for (int i = 0; i < n; ++i) {
+  probes::HostGate gate;
+  probes::queue_gated(gate, stream, n, kGateBatch, [&](int i) {
     comm.barrier_on_stream(stream);
     ev.record(i, 0, stream);
     all_to_all(sz.dispatch_chunk);
     ev.record(i, 1, stream);
     all_to_all(sz.combine_chunk);
     ev.record(i, 2, stream);
-  }
+  });
   cuda_check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
   Summary s = summarize_slowest(comm, ev.span_us(0, 1));
   row.dispatch_us_median = s.median;

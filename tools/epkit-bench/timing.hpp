@@ -10,6 +10,10 @@
 
 namespace epkit::bench {
 
+// Samples queued per probes::HostGate batch: each sample is at most ~7 queued operations, so a
+// batch stays far below the launch queue's depth.
+inline constexpr int kGateBatch = 16;
+
 // `samples` x `marks` events, created up front so recording adds no allocation to the timed loop.
 class EventGrid {
  public:
