@@ -98,6 +98,7 @@ struct LaunchFloorResult {
   int blocks = 0;
   std::vector<double> empty_us;     // barrier, event, empty kernel, event: the harness floor of one call
                                     // (samples queued ahead behind a HostGate, as epkit-bench does)
+  std::vector<double> empty_one_warp_us;  // same with a 1-block, 32-thread kernel: does the grid matter?
   std::vector<double> exchange_us;  // same, kernel = every rank stores one flag to every P2P peer
                                     // (st.release.sys) and spins on theirs (ld.acquire.sys): the floor
                                     // of one phase that needs a signal from each peer

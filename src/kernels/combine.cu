@@ -90,17 +90,6 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
   CombineSmem sm{smem, smem + W, smem + 2 * W + 1};
 
   EPKIT_STAGE(p, kStCombineStart);
-  // Entering combine means this rank no longer reads its dispatch buffers: tell every peer. The
-  // token side waits for all of these before returning, so nobody starts the next dispatch early.
-  if (blockIdx.x == 0 && warp == 0) {
-    for (int d = lane; d < W; d += kWarpSize) {
-      if (uint8_t* pb = peer_base(p, d)) {
-        st_release_sys(reinterpret_cast<uint64_t*>(pb + p.off_barrier_flag) + me, seq);
-      } else {
-        signal_remote(sym_at<uint64_t>(p, p.off_barrier_flag) + me, seq, NVSHMEM_SIGNAL_SET, d);
-      }
-    }
-  }
   for (int x = threadIdx.x; x < W; x += blockDim.x) sm.blk_sent[x] = 0;
   __syncthreads();
 
@@ -257,6 +246,18 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
                                           p0 + dd);
     }
   }
+  // This rank no longer reads its dispatch buffers: tell every peer. The token side waits for all
+  // of these before returning, so nobody starts the next dispatch early. Sent last, off the
+  // critical path: a peer needs it only after it has our partials, which go first anyway.
+  if (blockIdx.x == 0 && warp == 0) {
+    for (int d = lane; d < W; d += kWarpSize) {
+      if (uint8_t* pb = peer_base(p, d)) {
+        st_release_sys(reinterpret_cast<uint64_t*>(pb + p.off_barrier_flag) + me, seq);
+      } else {
+        signal_remote(sym_at<uint64_t>(p, p.off_barrier_flag) + me, seq, NVSHMEM_SIGNAL_SET, d);
+      }
+    }
+  }
 }
 
 template <typename Tout>
@@ -342,22 +343,45 @@ __device__ void combine_recv(const CommParams& p, const CombineIO& io, uint64_t 
   }
 }
 
-// The last block to finish the layer advances the sequence number and the per-source bases.
-__device__ void finish_layer(const CommParams& p, uint64_t seq) {
-  __syncthreads();
-  if (threadIdx.x != 0) return;
-  __threadfence();
-  const unsigned prev = atomicAdd(&p.state->done_blocks, 1u);
-  if (prev != gridDim.x - 1) return;
-  __threadfence();
-  // Dispatch arrival counts slices, weights arrival counts rows: both bases advance per message.
-  for (int s = 0; s < p.world_size; ++s) {
-    p.recv_base[s] += static_cast<uint64_t>(p.num_msgs[s]) * p.dispatch_slices;
-    if (!p.weights_at_dispatch) p.weights_base[s] += static_cast<uint64_t>(p.num_msgs[s]);
+// What finish_layer advances, loaded by thread s < W at the start of the combine kernel so that
+// the layer's last block does no dependent loads at the very end of the layer.
+struct LayerTail {
+  uint64_t recv_base = 0, weights_base = 0;
+  int32_t num_msgs = 0;
+  __device__ void load(const CommParams& p) {
+    if (static_cast<int>(threadIdx.x) >= p.world_size) return;
+    recv_base = p.recv_base[threadIdx.x];
+    weights_base = p.weights_base[threadIdx.x];
+    num_msgs = p.num_msgs[threadIdx.x];
   }
-  p.state->done_blocks = 0;
-  __threadfence();
-  *reinterpret_cast<volatile uint64_t*>(&p.state->seq) = seq;
+};
+
+__device__ __forceinline__ unsigned atomic_add_acq_rel_gpu(unsigned* p, unsigned v) {
+  unsigned old;
+  asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
+  return old;
+}
+
+// The last block to finish the layer advances the sequence number and the per-source bases. Its
+// acq_rel count orders every other block's reads of seq (at their start) before these writes, and
+// the kernel boundary publishes them to the next call.
+__device__ void finish_layer(const CommParams& p, uint64_t seq, const LayerTail& tail) {
+  __shared__ int last_block;
+  __syncthreads();
+  if (threadIdx.x == 0) last_block = atomic_add_acq_rel_gpu(&p.state->done_blocks, 1u) == gridDim.x - 1;
+  __syncthreads();
+  if (!last_block) return;
+  // Dispatch arrival counts slices, weights arrival counts rows: both bases advance per message.
+  for (int s = threadIdx.x; s < p.world_size; s += blockDim.x) {
+    const bool mine = s == static_cast<int>(threadIdx.x);  // preloaded
+    const uint64_t n = static_cast<uint64_t>(mine ? tail.num_msgs : p.num_msgs[s]);
+    p.recv_base[s] = (mine ? tail.recv_base : p.recv_base[s]) + n * p.dispatch_slices;
+    if (!p.weights_at_dispatch) p.weights_base[s] = (mine ? tail.weights_base : p.weights_base[s]) + n;
+  }
+  if (threadIdx.x == 0) {
+    p.state->done_blocks = 0;
+    *reinterpret_cast<volatile uint64_t*>(&p.state->seq) = seq;
+  }
 }
 
 template <typename Tin, typename Tout>
@@ -365,11 +389,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     combine_kernel(const CommParams p, const CombineIO io, bool do_send, bool do_recv) {
   extern __shared__ int smem[];
   const uint64_t seq = *reinterpret_cast<volatile uint64_t*>(&p.state->seq) + 1;
+  LayerTail tail;
+  if (do_recv) tail.load(p);
   if (do_send) combine_send<Tin, Tout>(p, io, seq, smem);
   EPKIT_STAGE(p, kStPartialsSent);
   if (do_recv) {
     combine_recv<Tout>(p, io, seq);
-    finish_layer(p, seq);
+    finish_layer(p, seq, tail);
   }
 }
 

@@ -14,6 +14,7 @@ namespace {
 
 constexpr int kRoundTokens = 64;  // own tokens placed per round of the send half
 constexpr int kHistUnroll = 4;    // topk loads in flight per lane in the send half's histogram
+constexpr int kScaleRegs = 4;     // scales per lane held in registers by the receive copy (128 per token)
 constexpr int kUnroll = 4;        // 16-byte chunks per lane per slice (kSliceBytes = 32 * 4 * 16)
 constexpr int kSliceChunks = kWarpSize * kUnroll;
 
@@ -83,6 +84,8 @@ __device__ void dispatch_send(const CommParams& p, const DispatchIO& io, uint64_
         const int r = e >= 0 ? e / L : -1;
         // Lanes of the same token with the same destination: the lowest one counts the message.
         const unsigned same = __match_any_sync(0xffffffffu, e >= 0 ? sub * W + r : -1 - lane);
+        // The first round's entries stay in shared memory: phase A reads them from there.
+        if (u >= u0 && u < min(u1, u0 + kRoundTokens) && k < K) sm.tok_e[(u - u0) * K + k] = e;
         if (e < 0) continue;
         const bool before = u < u0;
         atomicAdd(&sm.cnt_total[e], 1);
@@ -122,9 +125,10 @@ __device__ void dispatch_send(const CommParams& p, const DispatchIO& io, uint64_
     // Round, phase A: one warp per token takes its ranks and destination slots.
     for (int ui = warp; ui < nr; ui += kWarps) {
       const int u = r0 + ui, t = u * D + gi;
-      const int e = lane < K ? read_expert(p, io.topk_idx, io.idx_type, static_cast<int64_t>(t) * K + lane,
-                                           kPhaseDispatchSend, t, seq, false)
-                             : -1;
+      const int e = lane >= K ? -1
+                    : r0 == u0 ? sm.tok_e[ui * K + lane]  // cached by the histogram
+                               : read_expert(p, io.topk_idx, io.idx_type, static_cast<int64_t>(t) * K + lane,
+                                             kPhaseDispatchSend, t, seq, false);
       const int rk = e >= 0 ? atomicAdd(&sm.run_e[e], 1) : 0;
       const int r = e >= 0 ? e / L : -1;
       const unsigned same = __match_any_sync(0xffffffffu, r);
@@ -301,6 +305,14 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
       const int c = sl * kSliceChunks + qq * kWarpSize + lane;
       if (c < payload_chunks) v[qq] = __ldcg(pl + c);
     }
+    // Slice 0 carries the scales: their loads go out with the payload's.
+    const float* sc = reinterpret_cast<const float*>(msg + p.header_bytes);
+    float scv[kScaleRegs];
+#pragma unroll
+    for (int i = 0; i < kScaleRegs; ++i) {
+      const int x = i * kWarpSize + lane;
+      scv[i] = sl == 0 && x < p.num_scales ? __ldcg(sc + x) : 0.f;
+    }
     int slot = -1;
     if (lane < K) {
       const int e = __ldcg(hdr + 4 + 2 * lane);
@@ -333,8 +345,15 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
       }
     }
     if (sl == 0 && p.num_scales > 0) {
-      const float* sc = reinterpret_cast<const float*>(msg + p.header_bytes);
-      for (int x = lane; x < p.num_scales; x += kWarpSize) {
+#pragma unroll
+      for (int k = 0; k < kMaxTopK; ++k) {
+        if (k >= K || slots[k] < 0) continue;
+        float* dst = io.expert_x_scale + static_cast<size_t>(slots[k]) * p.num_scales;
+#pragma unroll
+        for (int i = 0; i < kScaleRegs; ++i)
+          if (i * kWarpSize + lane < p.num_scales) dst[i * kWarpSize + lane] = scv[i];
+      }
+      for (int x = kScaleRegs * kWarpSize + lane; x < p.num_scales; x += kWarpSize) {  // hidden > 16384
         const float val = __ldcg(sc + x);
 #pragma unroll
         for (int k = 0; k < kMaxTopK; ++k)

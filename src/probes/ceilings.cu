@@ -247,6 +247,7 @@ LaunchFloorResult measure_launch_floor(const Communicator& comm, const LaunchFlo
     for (size_t i = warmup; i < ev.size(); ++i) out.push_back(ev[i].elapsed_us());
   };
   time_kernel(r.empty_us, [&] { empty_kernel<<<opt.blocks, 512, 0, stream>>>(); });
+  time_kernel(r.empty_one_warp_us, [&] { empty_kernel<<<1, 32, 0, stream>>>(); });
   if (all_p2p && W > 1) {
     uint64_t seq = 0;
     time_kernel(r.exchange_us,

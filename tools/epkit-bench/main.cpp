@@ -79,6 +79,7 @@ Ceilings measure_ceilings(const Communicator& comm, const Options& opt, cudaStre
   const probes::LaunchFloorResult lf = probes::measure_launch_floor(comm, probes::LaunchFloorOptions{}, stream);
   c.launch_floor_blocks = lf.blocks;
   c.empty_kernel_us_median = summarize_slowest(comm, lf.empty_us).median;
+  c.empty_one_warp_us_median = summarize_slowest(comm, lf.empty_one_warp_us).median;
   // Collective on every rank: a rank without the exchange (a non-P2P peer) contributes "infinite".
   std::vector<double> ex = lf.exchange_us;
   if (ex.empty()) ex.assign(lf.empty_us.size(), 1e30);

@@ -112,6 +112,7 @@ void write_json(std::ostream& os, const Report& r) {
      << ",\n    \"put_signal_method\": " << json_quote(c.put_signal_method)
      << ",\n    \"launch_floor_blocks\": " << c.launch_floor_blocks
      << ",\n    \"empty_kernel_us_median\": " << json_value(c.empty_kernel_us_median)
+     << ",\n    \"empty_one_warp_us_median\": " << json_value(c.empty_one_warp_us_median)
      << ",\n    \"flag_exchange_us_median\": " << json_value(c.flag_exchange_us_median) << "\n  },\n  \"rows\": [";
   for (size_t i = 0; i < r.rows.size(); ++i) {
     os << (i ? "," : "") << "\n    {";
@@ -141,7 +142,8 @@ void print_table(std::ostream& os, const Report& r) {
      << "); put-with-signal one-way " << fixed(c.put_signal_us_median, 2) << " us median, "
      << fixed(c.put_signal_us_p99, 2) << " us p99 (" << c.put_signal_method << ")\n";
   os << "harness floor per timed call (" << c.launch_floor_blocks << " blocks x 512 threads): empty kernel "
-     << fixed(c.empty_kernel_us_median, 2) << " us, one flag to and from every P2P peer "
+     << fixed(c.empty_kernel_us_median, 2) << " us (1 x 32 threads: " << fixed(c.empty_one_warp_us_median, 2)
+     << " us), one flag to and from every P2P peer "
      << fixed(c.flag_exchange_us_median, 2) << " us (medians)\n";
   os << std::left << std::setw(14) << "preset" << std::right << std::setw(6) << "tok" << std::setw(3) << "W"
      << "  " << std::left << std::setw(8) << "system" << std::right << std::setw(10) << "disp_us"

@@ -76,6 +76,7 @@ struct Ceilings {
   // Harness floor of one timed call (barrier, event, kernel, event), library block shape.
   int launch_floor_blocks = 0;
   double empty_kernel_us_median = kNotMeasured;   // empty kernel
+  double empty_one_warp_us_median = kNotMeasured; // empty kernel of one 32-thread block
   double flag_exchange_us_median = kNotMeasured;  // one flag to and from every P2P peer
 };
 
