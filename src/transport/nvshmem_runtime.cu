@@ -67,6 +67,9 @@ Communicator Communicator::from_unique_id(int rank, int world_size, const Unique
     EPKIT_CHECK(device < ndev, "device = ", device, " but only ", ndev, " CUDA devices are visible");
     EPKIT_CUDA_CHECK(cudaSetDevice(device));
   }
+  // NVSHMEM's init exits the process when no CUDA context is current (a process that has not
+  // touched CUDA yet): make the device's primary context current first.
+  EPKIT_CUDA_CHECK(cudaFree(nullptr));
   int expected = 0;
   EPKIT_CHECK(g_live.compare_exchange_strong(expected, 1),
               "NVSHMEM is already initialised in this process (one Communicator per process)");
@@ -120,6 +123,9 @@ Communicator Communicator::from_env() {
 #ifdef EPKIT_WITH_MPI
 Communicator Communicator::from_mpi(void* mpi_comm, int device) {
   if (device >= 0) EPKIT_CUDA_CHECK(cudaSetDevice(device));
+  // NVSHMEM's init exits the process when no CUDA context is current (a process that has not
+  // touched CUDA yet): make the device's primary context current first.
+  EPKIT_CUDA_CHECK(cudaFree(nullptr));
   int expected = 0;
   EPKIT_CHECK(g_live.compare_exchange_strong(expected, 1), "NVSHMEM is already initialised in this process");
   nvshmemx_init_attr_t attr = NVSHMEMX_INIT_ATTR_INITIALIZER;
