@@ -15,6 +15,9 @@ Report sample_report() {
   r.ceilings.p2p_gbps = 393.5;
   r.ceilings.p2p_bytes = 256 << 20;
   r.ceilings.p2p_method = "cudaMemcpyAsync";
+  r.ceilings.launch_floor_blocks = 64;
+  r.ceilings.empty_kernel_us_median = 4.5;
+  r.ceilings.empty_one_warp_us_median = 4.25;  // flag_exchange left unmeasured: must print null
   Row e;
   e.preset = "decode";
   e.tokens = 128;
@@ -48,7 +51,9 @@ TEST(BenchReport, JsonHasRequiredFields) {
                           "\"symmetric_bytes\": 123456789", "\"graph_total_us_median\": 60",
                           "\"graph_total_us_median\": null", "\"dispatch_send_us_median\": null",
                           "\"p2p_gbps\": 393.5", "\"gpu\": \"NVIDIA H200\"", "\"git_commit\": \"abc\\\"def\"",
-                          "\"note\": \"padded, \\\"grouped\\\"\""}) {
+                          "\"note\": \"padded, \\\"grouped\\\"\"", "\"launch_floor_blocks\": 64",
+                          "\"empty_kernel_us_median\": 4.5", "\"empty_one_warp_us_median\": 4.25",
+                          "\"flag_exchange_us_median\": null"}) {
     EXPECT_NE(j.find(key), std::string::npos) << key << "\n" << j;
   }
   EXPECT_EQ(j.find("nan"), std::string::npos);
