@@ -62,9 +62,10 @@ NVSHMEM_HOST_PATH = _preload_nvshmem()
 def _promote_cxx_runtime():
     """Puts the process's C++ runtime (already loaded by torch) in the global symbol scope before
     the extension loads. Python loads extensions RTLD_LOCAL; without this, symbols the extension
-    takes from libstdc++ (stream inserters, locale facets) could bind to a same-named definition
-    in a library earlier in its own search order, and on the GPU box that made the first
-    integer-formatting error message after nvshmem_init crash inside std::ostream."""
+    takes from libstdc++ (stream inserters, locale facets) bind to a same-named definition in a
+    library earlier in its own search order. On the GPU box libepkit.so carries and exports its
+    own copy of libstdc++ (its toolchain links one in), and the first error message with a number
+    in it crashed inside that copy's std::ostream (python/README.md, status)."""
     for name in ("libstdc++.so.6", "libgcc_s.so.1"):
         try:
             ctypes.CDLL(name, mode=ctypes.RTLD_GLOBAL)
