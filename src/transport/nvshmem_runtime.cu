@@ -32,6 +32,14 @@ int env_int(const char* name, int dflt) {
 }
 // nvshmemx_init_attr() exits the process on failure; call the function behind it and throw instead.
 void init_nvshmem(unsigned flags, nvshmemx_init_attr_t& attr, const std::string& who) {
+  // NVSHMEM's init exits the process when no CUDA context is current (a process that has not
+  // touched CUDA yet): make the device's primary context current first.
+  const cudaError_t ctx = cudaFree(nullptr);
+  if (ctx != cudaSuccess) {
+    g_live = 0;
+    EPKIT_FAIL("making the CUDA context current before NVSHMEM init failed: ", cudaGetErrorString(ctx), " (",
+               who, ")");
+  }
   int provided = 0;
   nvshmemi_version_t version = {NVSHMEM_VENDOR_MAJOR_VERSION, NVSHMEM_VENDOR_MINOR_VERSION,
                                 NVSHMEM_VENDOR_PATCH_VERSION};
@@ -67,9 +75,6 @@ Communicator Communicator::from_unique_id(int rank, int world_size, const Unique
     EPKIT_CHECK(device < ndev, "device = ", device, " but only ", ndev, " CUDA devices are visible");
     EPKIT_CUDA_CHECK(cudaSetDevice(device));
   }
-  // NVSHMEM's init exits the process when no CUDA context is current (a process that has not
-  // touched CUDA yet): make the device's primary context current first.
-  EPKIT_CUDA_CHECK(cudaFree(nullptr));
   int expected = 0;
   EPKIT_CHECK(g_live.compare_exchange_strong(expected, 1),
               "NVSHMEM is already initialised in this process (one Communicator per process)");
@@ -123,9 +128,6 @@ Communicator Communicator::from_env() {
 #ifdef EPKIT_WITH_MPI
 Communicator Communicator::from_mpi(void* mpi_comm, int device) {
   if (device >= 0) EPKIT_CUDA_CHECK(cudaSetDevice(device));
-  // NVSHMEM's init exits the process when no CUDA context is current (a process that has not
-  // touched CUDA yet): make the device's primary context current first.
-  EPKIT_CUDA_CHECK(cudaFree(nullptr));
   int expected = 0;
   EPKIT_CHECK(g_live.compare_exchange_strong(expected, 1), "NVSHMEM is already initialised in this process");
   nvshmemx_init_attr_t attr = NVSHMEMX_INIT_ATTR_INITIALIZER;
