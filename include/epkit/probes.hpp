@@ -106,7 +106,7 @@ struct LaunchFloorResult {
 
 // Collective. The floor every timed epkit call pays in epkit-bench's harness: what an empty kernel
 // of the library's block shape costs between two events, and what one all-peer flag exchange costs.
-// exchange_us is empty when some peer is not P2P-reachable.
+// exchange_us is empty on every rank when some rank has a peer that is not P2P-reachable.
 LaunchFloorResult measure_launch_floor(const Communicator& comm, const LaunchFloorOptions& opt, cudaStream_t stream);
 
 }  // namespace epkit::probes

@@ -248,6 +248,11 @@ LaunchFloorResult measure_launch_floor(const Communicator& comm, const LaunchFlo
   };
   time_kernel(r.empty_us, [&] { empty_kernel<<<opt.blocks, 512, 0, stream>>>(); });
   time_kernel(r.empty_one_warp_us, [&] { empty_kernel<<<1, 32, 0, stream>>>(); });
+  // Every rank must make the same choice: the exchange waits on every peer.
+  const int mine = all_p2p ? 1 : 0;
+  std::vector<int> everyone(W);
+  comm.allgather(&mine, sizeof mine, everyone.data());
+  for (int v : everyone) all_p2p &= v == 1;
   if (all_p2p && W > 1) {
     uint64_t seq = 0;
     time_kernel(r.exchange_us,
