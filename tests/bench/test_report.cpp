@@ -2,6 +2,7 @@
 // empty, strings are escaped, and JSON and CSV carry the same field list.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <sstream>
 
 #include "report.hpp"
@@ -57,6 +58,21 @@ TEST(BenchReport, JsonHasRequiredFields) {
     EXPECT_NE(j.find(key), std::string::npos) << key << "\n" << j;
   }
   EXPECT_EQ(j.find("nan"), std::string::npos);
+}
+
+TEST(BenchReport, SetBandwidthUsesMedianTimesAndCeiling) {
+  Row r;
+  r.dispatch_us_median = 10.0;
+  r.combine_us_median = 20.0;
+  set_bandwidth(r, 2e6, 1e6, 400.0);  // 2 MB in 10 us = 200 GB/s, 1 MB in 20 us = 50 GB/s
+  EXPECT_DOUBLE_EQ(r.dispatch_bytes_per_rank, 2e6);
+  EXPECT_DOUBLE_EQ(r.dispatch_gbps, 200.0);
+  EXPECT_DOUBLE_EQ(r.combine_gbps, 50.0);
+  EXPECT_DOUBLE_EQ(r.dispatch_pct_of_ceiling, 50.0);
+  EXPECT_DOUBLE_EQ(r.combine_pct_of_ceiling, 12.5);
+  Row unmeasured = r;
+  set_bandwidth(unmeasured, 2e6, 1e6, kNotMeasured);  // no ceiling: no percentage
+  EXPECT_TRUE(std::isnan(unmeasured.dispatch_pct_of_ceiling));
 }
 
 TEST(BenchReport, CsvMatchesFieldList) {

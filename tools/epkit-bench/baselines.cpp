@@ -12,7 +12,6 @@
 #include "device.hpp"
 #include "epkit/error.hpp"
 #include "run_epkit.hpp"
-#include "epkit/probes.hpp"
 #include "timing.hpp"
 
 #ifdef EPKIT_BENCH_HAVE_NCCL
@@ -49,16 +48,8 @@ void time_dense(const Communicator& comm, const Case& c, const AlgorithmicBytes&
   cuda_check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
   const int n = opt.iters;
   EventGrid ev(n, 3);
-  probes::HostGate gate;
-  probes::queue_gated(gate, stream, n, kGateBatch, [&](int i) {
-    comm.barrier_on_stream(stream);
-    ev.record(i, 0, stream);
-    all_to_all(sz.dispatch_chunk);
-    ev.record(i, 1, stream);
-    all_to_all(sz.combine_chunk);
-    ev.record(i, 2, stream);
-  });
-  cuda_check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  time_samples(comm, stream, ev,
+               {[&] { all_to_all(sz.dispatch_chunk); }, [&] { all_to_all(sz.combine_chunk); }});
   Summary s = summarize_slowest(comm, ev.span_us(0, 1));
   row.dispatch_us_median = s.median;
   row.dispatch_us_p99 = s.p99;
@@ -72,13 +63,7 @@ void time_dense(const Communicator& comm, const Case& c, const AlgorithmicBytes&
   const double remote = static_cast<double>(c.cfg.world_size - 1);
   row.dispatch_wire_bytes_per_rank = remote * static_cast<double>(sz.dispatch_chunk);
   row.combine_wire_bytes_per_rank = remote * static_cast<double>(sz.combine_chunk);
-  // Same numerator as epkit (useful bytes), so the percentages compare directly.
-  row.dispatch_bytes_per_rank = bytes.dispatch_per_rank;
-  row.combine_bytes_per_rank = bytes.combine_per_rank;
-  row.dispatch_gbps = gb_per_s(bytes.dispatch_per_rank, row.dispatch_us_median);
-  row.combine_gbps = gb_per_s(bytes.combine_per_rank, row.combine_us_median);
-  row.dispatch_pct_of_ceiling = pct_of(row.dispatch_gbps, ceilings.p2p_gbps);
-  row.combine_pct_of_ceiling = pct_of(row.combine_gbps, ceilings.p2p_gbps);
+  set_bandwidth(row, bytes.dispatch_per_rank, bytes.combine_per_rank, ceilings.p2p_gbps);
 }
 
 // Whether this rank's GPU fits both padded buffers, agreed by all ranks (so all skip or none).

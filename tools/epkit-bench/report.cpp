@@ -1,5 +1,7 @@
 #include "report.hpp"
 
+#include "bytes.hpp"
+
 #include <cstdio>
 #include <iomanip>
 
@@ -72,6 +74,15 @@ const std::vector<RowField>& row_fields() {
 double pct_of(double gbps, double ceiling_gbps) {
   if (!(std::isfinite(gbps) && std::isfinite(ceiling_gbps) && ceiling_gbps > 0)) return kNotMeasured;
   return 100.0 * gbps / ceiling_gbps;
+}
+
+void set_bandwidth(Row& row, double dispatch_bytes_per_rank, double combine_bytes_per_rank, double ceiling_gbps) {
+  row.dispatch_bytes_per_rank = dispatch_bytes_per_rank;
+  row.combine_bytes_per_rank = combine_bytes_per_rank;
+  row.dispatch_gbps = gb_per_s(dispatch_bytes_per_rank, row.dispatch_us_median);
+  row.combine_gbps = gb_per_s(combine_bytes_per_rank, row.combine_us_median);
+  row.dispatch_pct_of_ceiling = pct_of(row.dispatch_gbps, ceiling_gbps);
+  row.combine_pct_of_ceiling = pct_of(row.combine_gbps, ceiling_gbps);
 }
 
 std::string json_quote(const std::string& s) {

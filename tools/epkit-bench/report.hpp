@@ -97,6 +97,11 @@ const std::vector<RowField>& row_fields();
 // percentage of `gbps` in `ceiling_gbps`; NaN when either is not a positive number.
 double pct_of(double gbps, double ceiling_gbps);
 
+// Fills the bandwidth fields of a row whose latencies are set: the algorithmic bytes per rank of
+// each direction, GB/s at the median time, and % of the P2P ceiling. epkit and the baselines use
+// the same numerator so their percentages compare directly.
+void set_bandwidth(Row& row, double dispatch_bytes_per_rank, double combine_bytes_per_rank, double ceiling_gbps);
+
 void write_json(std::ostream& os, const Report& r);
 void write_csv(std::ostream& os, const Report& r);
 void print_table(std::ostream& os, const Report& r);

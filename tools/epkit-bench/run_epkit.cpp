@@ -8,7 +8,6 @@
 #include "device.hpp"
 #include "epkit/all_to_all.hpp"
 #include "epkit/error.hpp"
-#include "epkit/probes.hpp"
 #include "timing.hpp"
 
 namespace epkit::bench {
@@ -152,26 +151,15 @@ Row run_epkit(const Communicator& comm, const Case& c, const GroupRouting& mine,
     finish();
   };
   const int n = opt.iters;
-  // Samples are queued ahead in gated batches, so the events time device work, not launch rate.
-  probes::HostGate gate;
 
   // Split halves, all four in one sequence per sample: shows where the time goes.
   warm_up();
   {
     EventGrid ev(n, 5);
-    probes::queue_gated(gate, stream, n, kGateBatch, [&](int i) {
-      comm.barrier_on_stream(stream);
-      ev.record(i, 0, stream);
-      a2a.dispatch_send(d, stream);
-      ev.record(i, 1, stream);
-      a2a.dispatch_recv(d, stream);
-      ev.record(i, 2, stream);
-      a2a.combine_send(cb, stream);
-      ev.record(i, 3, stream);
-      a2a.combine_recv(cb, stream);
-      ev.record(i, 4, stream);
-    });
-    finish();
+    time_samples(comm, stream, ev,
+                 {[&] { a2a.dispatch_send(d, stream); }, [&] { a2a.dispatch_recv(d, stream); },
+                  [&] { a2a.combine_send(cb, stream); }, [&] { a2a.combine_recv(cb, stream); }});
+    a2a.check();
     set_median_p99(summarize_slowest(comm, ev.span_us(0, 1)), row.dispatch_send_us_median, row.dispatch_send_us_p99);
     set_median_p99(summarize_slowest(comm, ev.span_us(1, 2)), row.dispatch_recv_us_median, row.dispatch_recv_us_p99);
     set_median_p99(summarize_slowest(comm, ev.span_us(2, 3)), row.combine_send_us_median, row.combine_send_us_p99);
@@ -183,15 +171,8 @@ Row run_epkit(const Communicator& comm, const Case& c, const GroupRouting& mine,
   warm_up();
   {
     EventGrid ev(n, 3);
-    probes::queue_gated(gate, stream, n, kGateBatch, [&](int i) {
-      comm.barrier_on_stream(stream);
-      ev.record(i, 0, stream);
-      a2a.dispatch(d, stream);
-      ev.record(i, 1, stream);
-      a2a.combine(cb, stream);
-      ev.record(i, 2, stream);
-    });
-    finish();
+    time_samples(comm, stream, ev, {[&] { a2a.dispatch(d, stream); }, [&] { a2a.combine(cb, stream); }});
+    a2a.check();
     set_median_p99(summarize_slowest(comm, ev.span_us(0, 1)), row.dispatch_us_median, row.dispatch_us_p99);
     set_median_p99(summarize_slowest(comm, ev.span_us(1, 2)), row.combine_us_median, row.combine_us_p99);
     set_median_p99(summarize_slowest(comm, ev.span_us(0, 2)), row.total_us_median, row.total_us_p99);
@@ -217,13 +198,8 @@ Row run_epkit(const Communicator& comm, const Case& c, const GroupRouting& mine,
     for (int i = 0; i < 2; ++i) cuda_check(cudaGraphLaunch(g.exec, stream), "cudaGraphLaunch");
     finish();
     EventGrid ev(n, 2);
-    probes::queue_gated(gate, stream, n, kGateBatch, [&](int i) {
-      comm.barrier_on_stream(stream);
-      ev.record(i, 0, stream);
-      cuda_check(cudaGraphLaunch(g.exec, stream), "cudaGraphLaunch");
-      ev.record(i, 1, stream);
-    });
-    finish();
+    time_samples(comm, stream, ev, {[&] { cuda_check(cudaGraphLaunch(g.exec, stream), "cudaGraphLaunch"); }});
+    a2a.check();
     std::vector<double> per_pair = ev.span_us(0, 1);
     for (double& v : per_pair) v /= opt.graph_iters;
     set_median_p99(summarize_slowest(comm, per_pair), row.graph_total_us_median, row.graph_total_us_p99);
@@ -232,12 +208,7 @@ Row run_epkit(const Communicator& comm, const Case& c, const GroupRouting& mine,
   // Where the time goes inside the fused kernels: block 0's stage stamps, one synced pair at a time.
   if (opt.stage_timers) print_stage_times(a2a, comm, d, cb, stream, n, c.preset, m);
 
-  row.dispatch_bytes_per_rank = bytes.dispatch_per_rank;
-  row.combine_bytes_per_rank = bytes.combine_per_rank;
-  row.dispatch_gbps = gb_per_s(bytes.dispatch_per_rank, row.dispatch_us_median);
-  row.combine_gbps = gb_per_s(bytes.combine_per_rank, row.combine_us_median);
-  row.dispatch_pct_of_ceiling = pct_of(row.dispatch_gbps, ceilings.p2p_gbps);
-  row.combine_pct_of_ceiling = pct_of(row.combine_gbps, ceilings.p2p_gbps);
+  set_bandwidth(row, bytes.dispatch_per_rank, bytes.combine_per_rank, ceilings.p2p_gbps);
   return row;
 }
 

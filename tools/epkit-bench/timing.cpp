@@ -2,6 +2,7 @@
 
 #include "device.hpp"
 #include "epkit/error.hpp"
+#include "epkit/probes.hpp"
 
 namespace epkit::bench {
 
@@ -32,6 +33,23 @@ std::vector<double> EventGrid::span_us(int from, int to) const {
     out[s] = 1000.0 * ms;
   }
   return out;
+}
+
+void time_samples(const Communicator& comm, cudaStream_t stream, EventGrid& ev,
+                  std::initializer_list<std::function<void()>> steps) {
+  EPKIT_CHECK(static_cast<int>(steps.size()) + 1 == ev.marks(), "time_samples: ", steps.size(), " steps need ",
+              steps.size() + 1, " marks, the grid has ", ev.marks());
+  probes::HostGate gate;
+  probes::queue_gated(gate, stream, ev.samples(), kGateBatch, [&](int i) {
+    comm.barrier_on_stream(stream);
+    int mark = 0;
+    ev.record(i, mark++, stream);
+    for (const auto& step : steps) {
+      step();
+      ev.record(i, mark++, stream);
+    }
+  });
+  cuda_check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
 }
 
 std::vector<double> slowest_rank(const Communicator& comm, const std::vector<double>& mine) {
