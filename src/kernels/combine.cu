@@ -13,44 +13,52 @@ namespace epkit::kernels {
 
 namespace {
 
+// The packed pair type of a 16-bit float and its conversions to and from float2.
 template <typename T>
-struct Vec8;
+struct Pair16;
 template <>
-struct Vec8<__nv_bfloat16> {
+struct Pair16<__nv_bfloat16> {
+  using type = __nv_bfloat162;
+  __device__ static type from(float a, float b) { return __floats2bfloat162_rn(a, b); }
+  __device__ static float2 to(type h) { return __bfloat1622float2(h); }
+};
+template <>
+struct Pair16<__half> {
+  using type = __half2;
+  __device__ static type from(float a, float b) { return __floats2half2_rn(a, b); }
+  __device__ static float2 to(type h) { return __half22float2(h); }
+};
+
+// Eight 16-bit values in one 16-byte vector, to and from fp32.
+template <typename T>
+struct Vec8 {
+  using P = Pair16<T>;
   __device__ static int4 pack(const float* f) {
     int4 v;
-    __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&v);
+    auto* h = reinterpret_cast<typename P::type*>(&v);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
+    for (int i = 0; i < 4; ++i) h[i] = P::from(f[2 * i], f[2 * i + 1]);
     return v;
   }
   __device__ static void unpack(int4 v, float* f) {
-    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
+    const auto* h = reinterpret_cast<const typename P::type*>(&v);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const float2 x = __bfloat1622float2(h[i]);
+      const float2 x = P::to(h[i]);
       f[2 * i] = x.x, f[2 * i + 1] = x.y;
     }
   }
 };
-template <>
-struct Vec8<__half> {
-  __device__ static int4 pack(const float* f) {
-    int4 v;
-    __half2* h = reinterpret_cast<__half2*>(&v);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) h[i] = __floats2half2_rn(f[2 * i], f[2 * i + 1]);
-    return v;
-  }
-  __device__ static void unpack(int4 v, float* f) {
-    const __half2* h = reinterpret_cast<const __half2*>(&v);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float2 x = __half22float2(h[i]);
-      f[2 * i] = x.x, f[2 * i + 1] = x.y;
-    }
-  }
-};
+
+// Takes the next one or two set bits of `mask` (the lowest first); b is -1 when only one was left.
+// The loops below handle two expert rows or partials at a time so both rows' loads are in flight
+// together (one at a time, each cost a full memory round trip).
+__device__ __forceinline__ void take_pair(unsigned& mask, int& a, int& b) {
+  a = __ffs(mask) - 1;
+  mask &= mask - 1;
+  b = mask ? __ffs(mask) - 1 : -1;
+  if (b >= 0) mask &= mask - 1;
+}
 
 // Eight elements of an expert-output row, loaded raw (so two rows' loads can be in flight before
 // any conversion) and unpacked to fp32 afterwards.
@@ -172,14 +180,10 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
     for (int qq = 0; qq < kUnroll; ++qq)
 #pragma unroll
       for (int i = 0; i < 8; ++i) acc[qq][i] = 0.f;
-    // The message's local experts two at a time, both rows' loads in flight together (one at a
-    // time, each expert cost a full memory round trip).
-    unsigned kmask = __ballot_sync(0xffffffffu, lane < K && slot >= 0);
-    while (kmask) {
-      const int ka = __ffs(kmask) - 1;
-      kmask &= kmask - 1;
-      const int kb = kmask ? __ffs(kmask) - 1 : -1;
-      if (kb >= 0) kmask &= kmask - 1;
+    // The message's local experts, two at a time.
+    for (unsigned kmask = __ballot_sync(0xffffffffu, lane < K && slot >= 0); kmask;) {
+      int ka, kb;
+      take_pair(kmask, ka, kb);
       const int slot_a = __shfl_sync(0xffffffffu, slot, ka), slot_b = __shfl_sync(0xffffffffu, slot, kb < 0 ? ka : kb);
       const float w_a = __shfl_sync(0xffffffffu, wk, ka), w_b = __shfl_sync(0xffffffffu, wk, kb < 0 ? ka : kb);
       const Tin* row_a = y + static_cast<size_t>(slot_a) * H;
@@ -292,12 +296,10 @@ __device__ void combine_recv(const CommParams& p, const CombineIO& io, uint64_t 
     for (int qq = 0; qq < kUnroll; ++qq)
 #pragma unroll
       for (int i = 0; i < 8; ++i) acc[qq][i] = 0.f;
-    // Partials two ranks at a time, both rows' loads in flight together.
+    // The partials, two ranks at a time.
     for (unsigned km = dmask; km;) {
-      const int ka = __ffs(km) - 1;
-      km &= km - 1;
-      const int kb = km ? __ffs(km) - 1 : -1;
-      if (kb >= 0) km &= km - 1;
+      int ka, kb;
+      take_pair(km, ka, kb);
       const int ra = __shfl_sync(0xffffffffu, r, ka), rb = __shfl_sync(0xffffffffu, r, kb < 0 ? ka : kb);
       const uint8_t* row_a = partials + (static_cast<size_t>(ra) * M + t) * out_row;
       const uint8_t* row_b = partials + (static_cast<size_t>(rb) * M + t) * out_row;
