@@ -82,7 +82,7 @@ struct RawRow<float> {
 
 struct CombineSmem {
   int* nmsg;      // [W]
-  int* msg_off;   // [W + 1]
+  int* max_msgs;  // [1] largest nmsg
   int* blk_sent;  // [W]
 };
 
@@ -95,7 +95,7 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
   const int me = p.rank, gi = me % D, nsc = p.combine_slices;
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
   const int gw = blockIdx.x * kWarps + warp, nw = gridDim.x * kWarps;
-  CombineSmem sm{smem, smem + W, smem + 2 * W + 1};
+  CombineSmem sm{smem, smem + W, smem + W + 1};
 
   EPKIT_STAGE(p, kStCombineStart);
   for (int x = threadIdx.x; x < W; x += blockDim.x) sm.blk_sent[x] = 0;
@@ -152,9 +152,9 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
   }
   __syncthreads();
   if (threadIdx.x == 0) {
-    int acc = 0;
-    for (int s = 0; s < W; ++s) sm.msg_off[s] = acc, acc += sm.nmsg[s];
-    sm.msg_off[W] = acc;
+    int most = 0;
+    for (int s = 0; s < W; ++s) most = max(most, sm.nmsg[s]);
+    sm.max_msgs[0] = most;
   }
   __syncthreads();
   EPKIT_STAGE(p, kStWeightsArrived);
@@ -162,14 +162,19 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
 
   // One partial per (received message, slice): sum over the message's local experts of w * y, in
   // fp32, sent to every rank of the token's DP group with one flag per slice.
-  const int total = sm.msg_off[W];
+  // Messages are taken source-interleaved, (j, s) rather than (s, j): the partials of our own
+  // tokens are local HBM writes and the others cross the link, and taken source by source the two
+  // ran one after the other (all warps on the local half first, the link idle). Positions past a
+  // source's count are skipped; with even routing there are none.
+  const int span = W * sm.max_msgs[0];
   const int chunks = H / 8;
   const size_t out_row = p.out_row_bytes;
   const float* wrecv = sym_at<float>(p, p.off_weights_recv);
   const Tin* y = static_cast<const Tin*>(io.expert_y);
-  for (int q = gw; q < total * nsc; q += nw) {
-    const int qm = q / nsc, sl = q % nsc;
-    const int s = source_of_message(sm.msg_off, W, qm), j = qm - sm.msg_off[s];
+  for (int q = gw; q < span * nsc; q += nw) {
+    const int qv = q / nsc, sl = q % nsc;
+    const int j = qv / W, s = (qv + me) % W;  // own tokens' partials start the interleave
+    if (j >= sm.nmsg[s]) continue;
     const size_t msg = static_cast<size_t>(s) * S + j;
     const int32_t* map = p.recv_map + msg * (K + 1);
     const int t = map[0];
@@ -426,7 +431,7 @@ cudaError_t launch_out(const CommParams& p, const CombineIO& io, DType in, bool 
 
 }  // namespace
 
-size_t combine_smem_bytes(int world_size) { return (3 * static_cast<size_t>(world_size) + 1) * sizeof(int); }
+size_t combine_smem_bytes(int world_size) { return (2 * static_cast<size_t>(world_size) + 1) * sizeof(int); }
 
 int combine_units(int world_size, int max_msgs_per_src, int max_tokens, int slices) {
   const int send = world_size * max_msgs_per_src * slices, recv = max_tokens * slices;
