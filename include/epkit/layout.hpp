@@ -13,6 +13,10 @@ namespace epkit {
 // all of its loads in flight, and a message or output row of n bytes has ceil(n / kSliceBytes).
 inline constexpr size_t kSliceBytes = 2048;
 
+// Most blocks a kernel grid takes (one per SM; H200 has 132). The host clamps grids to it, and the
+// per-block histogram rows of the workspace are sized by it.
+inline constexpr int kMaxGridBlocks = 256;
+
 // A dispatch message: one per (token, destination rank). Header, then scales, then payload, so that
 // slice 0 (header + scales + the first payload slice) is one contiguous range.
 //   header: int32 token index, int32 padding x3, then K x {int32 expert, int32 rank-within-(sender, expert)},
@@ -63,6 +67,10 @@ struct WorkspaceLayout {
   size_t weights_base = 0; // [W] uint64: weight rows consumed from each source over all earlier calls
   size_t recv_map = 0;     // [W][ceil(M/D)][K + 1] int32: token index, then expert slot (el*cap+pos) or -1
   size_t peer_bases = 0;   // [W] pointers: peer address of the symmetric base, null if not P2P
+  size_t hist_stride = 0;  // ints per block_hist row: E + W rounded up to 4
+  size_t block_hist = 0;   // [kMaxGridBlocks][hist_stride] int32: one dispatch block's own-chunk counts
+                           // per expert, then per destination rank (large calls' look-back histogram)
+  size_t block_flag = 0;   // [kMaxGridBlocks] uint64: seq of the call whose row is written
   size_t total_bytes = 0;
 
   static WorkspaceLayout make(const AllToAllConfig& cfg);

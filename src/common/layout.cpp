@@ -66,6 +66,9 @@ WorkspaceLayout WorkspaceLayout::make(const AllToAllConfig& c) {
   w.weights_base = cv.take(W * sizeof(uint64_t));
   w.recv_map = cv.take(W * S * (K + 1) * sizeof(int32_t));
   w.peer_bases = cv.take(W * sizeof(void*));
+  w.hist_stride = align_up(static_cast<size_t>(c.num_experts) + W, 4);
+  w.block_hist = cv.take(kMaxGridBlocks * w.hist_stride * sizeof(int32_t));
+  w.block_flag = cv.take(kMaxGridBlocks * sizeof(uint64_t));
   w.total_bytes = cv.cursor;
   return w;
 }

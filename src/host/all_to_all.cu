@@ -37,8 +37,9 @@ const char* phase_name(int p) {
 }
 const char* wait_name(int w) {
   static const char* n[] = {"nothing", "the dispatch counts", "the dispatched tokens", "the router weights",
-                            "the combine partial", "the combine-entry barrier flag"};
-  return w >= 0 && w < 6 ? n[w] : "?";
+                            "the combine partial", "the combine-entry barrier flag",
+                            "an earlier block's histogram (same rank)"};
+  return w >= 0 && w < 7 ? n[w] : "?";
 }
 
 }  // namespace
@@ -216,6 +217,9 @@ AllToAll::AllToAll(const Communicator& comm, const AllToAllConfig& cfg_in) : imp
   p.recv_base = reinterpret_cast<uint64_t*>(I.ws + w.recv_base);
   p.weights_base = reinterpret_cast<uint64_t*>(I.ws + w.weights_base);
   p.recv_map = reinterpret_cast<int32_t*>(I.ws + w.recv_map);
+  p.block_hist = reinterpret_cast<int32_t*>(I.ws + w.block_hist);
+  p.block_flag = reinterpret_cast<uint64_t*>(I.ws + w.block_flag);
+  p.hist_stride = static_cast<int>(w.hist_stride);
   p.err = I.err_dev;
 
   int dev = 0, sms = 0;
@@ -223,7 +227,8 @@ AllToAll::AllToAll(const Communicator& comm, const AllToAllConfig& cfg_in) : imp
   EPKIT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   // One block per SM at most: the fused kernels spin-wait, so every block must be resident. Fewer
   // when the largest possible call has less work than that (every block pays fixed set-up work).
-  const int max_blocks = cfg.num_sms > 0 && cfg.num_sms < sms ? cfg.num_sms : sms;
+  int max_blocks = cfg.num_sms > 0 && cfg.num_sms < sms ? cfg.num_sms : sms;
+  if (max_blocks > kMaxGridBlocks) max_blocks = kMaxGridBlocks;
   auto blocks_for = [&](int units) {
     const int b = (units + kernels::kWarpsPerBlock - 1) / kernels::kWarpsPerBlock;
     return b < 1 ? 1 : (b > max_blocks ? max_blocks : b);

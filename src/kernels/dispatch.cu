@@ -1,7 +1,8 @@
 // Dispatch: each token travels once per destination *rank* (not per expert) as one message holding
 // its header (token index, top-k experts and each entry's rank within (sender, expert)), scales and
 // payload. The receiver computes every slot of the expert-major output from the per-(source,
-// expert) counts alone, so tokens are placed without atomics, in (source rank, token) order.
+// expert) counts alone, so tokens are placed without atomics. Each local expert's run holds our
+// own tokens first, then the other sources' in rank order after ours, each in token order.
 // Messages move in slices (layout.hpp): one warp per (message, slice), loads batched before stores.
 #include <cuda_runtime.h>
 
@@ -14,6 +15,7 @@ namespace {
 
 constexpr int kRoundTokens = 64;  // own tokens placed per round of the send half
 constexpr int kHistUnroll = 4;    // topk loads in flight per lane in the send half's histogram
+constexpr int kLookbackTokens = 1024;  // own tokens from which blocks count only their chunk (look-back)
 constexpr int kScaleRegs = 4;     // scales per lane held in registers by the receive copy (128 per token)
 constexpr int kUnroll = 4;        // 16-byte chunks per lane per slice (kSliceBytes = 32 * 4 * 16)
 constexpr int kSliceChunks = kWarpSize * kUnroll;
@@ -37,7 +39,67 @@ struct RecvSmem {
   int* msg_off;  // [W + 1] prefix of nmsg
 };
 
-__device__ void dispatch_send(const CommParams& p, const DispatchIO& io, uint64_t seq, int* smem) {
+// Look-back step of the large-call histogram. On entry cnt_total / dst_total hold this block's own
+// chunk; on exit run_e / run_d hold the counts of every earlier block's chunk and, in the last
+// block, cnt_total / dst_total the totals over all own tokens. Blocks are dispatched in index order,
+// so the blocks waited for are resident or done: no co-residency is needed.
+__device__ void look_back(const CommParams& p, const SendSmem& sm, uint64_t seq) {
+  const int E = p.num_experts, W = p.world_size, R = p.hist_stride, R4 = R / 4, b = blockIdx.x;
+  const bool last = b == static_cast<int>(gridDim.x) - 1;
+  int32_t* row = p.block_hist + static_cast<size_t>(b) * R;
+  for (int x = threadIdx.x; x < R; x += blockDim.x) row[x] = x < E ? sm.cnt_total[x] : x < E + W ? sm.dst_total[x - E] : 0;
+  __syncthreads();
+  if (threadIdx.x == 0 && !last)  // bar.sync + a cumulative release publish the whole row
+    st_release_sys(p.block_flag + b, seq);
+  for (int x = threadIdx.x; x < b; x += blockDim.x)
+    wait_flag(p, p.block_flag + x, seq, Cmp::kEq, kPhaseDispatchSend, kWaitBlockHistogram, p.rank, -1, seq);
+  __syncthreads();
+  // Thread i sums int4 column i % R4 over rows i / R4, i / R4 + rows_per_pass, ...: every load is
+  // independent, so the compiler keeps several in flight.
+  const int rows_per_pass = blockDim.x / R4;
+  const int c4 = threadIdx.x % R4, r0 = threadIdx.x / R4;
+  if (rows_per_pass > 0 && r0 < rows_per_pass) {
+    int4 acc = make_int4(0, 0, 0, 0);
+#pragma unroll 4
+    for (int r = r0; r < b; r += rows_per_pass) {
+      const int4 v = __ldcg(reinterpret_cast<const int4*>(p.block_hist + static_cast<size_t>(r) * R) + c4);
+      acc.x += v.x, acc.y += v.y, acc.z += v.z, acc.w += v.w;
+    }
+    const int a[4] = {acc.x, acc.y, acc.z, acc.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int x = c4 * 4 + i;
+      if (a[i] == 0) continue;
+      if (x < E) {
+        atomicAdd(&sm.run_e[x], a[i]);
+        if (last) atomicAdd(&sm.cnt_total[x], a[i]);
+      } else if (x < E + W) {
+        atomicAdd(&sm.run_d[x - E], a[i]);
+        if (last) atomicAdd(&sm.dst_total[x - E], a[i]);
+      }
+    }
+  } else if (rows_per_pass == 0) {  // rows wider than the block (E + W > 4 * kThreads): plain loop
+    for (int x = threadIdx.x; x < E + W; x += blockDim.x) {
+      int acc = 0;
+      for (int r = 0; r < b; ++r) acc += __ldcg(p.block_hist + static_cast<size_t>(r) * R + x);
+      if (x < E) {
+        sm.run_e[x] += acc;
+        if (last) sm.cnt_total[x] += acc;
+      } else {
+        sm.run_d[x - E] += acc;
+        if (last) sm.dst_total[x - E] += acc;
+      }
+    }
+  }
+  __syncthreads();
+}
+
+// direct_self (the fused kernel): our own tokens' slices go straight into expert_x (and their
+// recv_map rows are written here) instead of through a message to ourselves that the receive half
+// copies again; this overlaps that half of the fan-out with the link. Own tokens come first in
+// every local expert's run, so their slots need no peer's counts. The arrival counter still
+// advances by the slices, so the bookkeeping is the same as when the message is sent.
+__device__ void dispatch_send(const CommParams& p, const DispatchIO& io, uint64_t seq, int* smem, bool direct_self) {
   const int E = p.num_experts, W = p.world_size, L = p.num_local_experts, K = p.topk, D = p.dp_size;
   const int me = p.rank, gi = me % D, S = p.max_msgs_per_src, nsd = p.dispatch_slices;
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
@@ -61,22 +123,29 @@ __device__ void dispatch_send(const CommParams& p, const DispatchIO& io, uint64_
   for (int x = threadIdx.x; x < W; x += blockDim.x) sm.dst_total[x] = 0, sm.run_d[x] = 0, sm.blk_sent[x] = 0;
   __syncthreads();
 
-  // Histogram over all own tokens; entries of tokens before this block's chunk seed the running
-  // counters, which makes every (sender, expert) rank and every destination slot unique. Lanes work
-  // in groups of G >= K (a power of two): lane k of a group reads entry k of one token, so a warp
-  // reads 32 / G tokens with one coalesced load, kHistUnroll loads in flight per lane.
+  // Histogram. Small calls: every block counts all own tokens' entries, and the entries of tokens
+  // before its chunk seed the running counters (no communication between blocks). Large calls
+  // (n_own >= kLookbackTokens, where that redundant count cost 36 us at 4096 tokens): every block
+  // counts only its own chunk, publishes the row, and sums the rows of the blocks before it
+  // (a decoupled look-back; the last block also adds its own row, which gives the totals).
+  // Either way every (sender, expert) rank and every destination slot is unique and follows token
+  // order, so the output layout does not depend on the grid.
+  const bool lookback = n_own >= kLookbackTokens && gridDim.x > 1;
+  const int h0 = lookback ? u0 : 0, h1 = lookback ? u1 : n_own;
+  // Lanes work in groups of G >= K (a power of two): lane k of a group reads entry k of one token,
+  // so a warp reads 32 / G tokens with one coalesced load, kHistUnroll loads in flight per lane.
   {
     const int G = K <= 1 ? 1 : K <= 2 ? 2 : K <= 4 ? 4 : K <= 8 ? 8 : 16;
     const int per_warp = kWarpSize / G, k = lane % G, sub = lane / G;
     const int step = kWarps * per_warp;
-    for (int base = warp * per_warp; base < n_own; base += kHistUnroll * step) {
+    for (int base = h0 + warp * per_warp; base < h1; base += kHistUnroll * step) {
       int ex[kHistUnroll];
 #pragma unroll
       for (int q = 0; q < kHistUnroll; ++q) {
         const int u = base + q * step + sub;
-        ex[q] = u < n_own && k < K ? read_expert(p, io.topk_idx, io.idx_type, static_cast<int64_t>(u * D + gi) * K + k,
-                                                 kPhaseDispatchSend, u * D + gi, seq, blockIdx.x == 0)
-                                   : -1;
+        ex[q] = u < h1 && k < K ? read_expert(p, io.topk_idx, io.idx_type, static_cast<int64_t>(u * D + gi) * K + k,
+                                              kPhaseDispatchSend, u * D + gi, seq, blockIdx.x == 0 || lookback)
+                                : -1;
       }
 #pragma unroll
       for (int q = 0; q < kHistUnroll; ++q) {
@@ -98,11 +167,15 @@ __device__ void dispatch_send(const CommParams& p, const DispatchIO& io, uint64_
     }
   }
   __syncthreads();
+  if (lookback) look_back(p, sm, seq);
   EPKIT_STAGE(p, kStHistogramDone);
 
   // Counts: per (this rank, local expert of d) and the number of messages d will get from us.
-  const int gw = blockIdx.x * kWarps + warp, nw = gridDim.x * kWarps;
-  for (int d = gw; d < W; d += nw) {
+  // Warp w of the writing blocks writes destinations d = w, w + (warps), ...; with the look-back only
+  // the last block has the totals, so it writes them all.
+  const int gw = lookback ? warp : blockIdx.x * kWarps + warp, nw = lookback ? kWarps : gridDim.x * kWarps;
+  const bool writes_counts = !lookback || blockIdx.x == gridDim.x - 1;
+  for (int d = gw; writes_counts && d < W; d += nw) {
     uint8_t* pb = peer_base(p, d);
     int32_t* dst = pb ? reinterpret_cast<int32_t*>(pb + p.off_dispatch_counts) + static_cast<size_t>(me) * (L + 1)
                       : sym_at<int32_t>(p, p.off_dispatch_count_stage) + static_cast<size_t>(d) * (L + 1);
@@ -179,6 +252,42 @@ __device__ void dispatch_send(const CommParams& p, const DispatchIO& io, uint64_
         hw1 = lane + 32 < hdr_words ? word(lane + 32) : 0;
       }
       const float* src_scale = io.x_scale ? io.x_scale + static_cast<size_t>(t) * p.num_scales : nullptr;
+      // Our own slot for each entry (direct_self): own tokens lead every local expert's run.
+      auto write_own = [&](int jd) {
+        int slot = -1;
+        if (lane < K && e >= 0 && r == me) {
+          const int rk = sm.tok_rk[ui * K + lane];
+          slot = rk < p.capacity ? (e - me * L) * p.capacity + rk : -1;
+        }
+        int slots[kMaxTopK];
+#pragma unroll
+        for (int k = 0; k < kMaxTopK; ++k) slots[k] = __shfl_sync(0xffffffffu, slot, k);
+#pragma unroll
+        for (int k = 0; k < kMaxTopK; ++k) {
+          if (k >= K || slots[k] < 0) continue;
+          int4* dst = reinterpret_cast<int4*>(io.expert_x + static_cast<size_t>(slots[k]) * p.payload_bytes);
+#pragma unroll
+          for (int q = 0; q < kUnroll; ++q) {
+            const int c = sl * kSliceChunks + q * kWarpSize + lane;
+            if (c < payload_chunks) dst[c] = v[q];
+          }
+        }
+        if (sl != 0) return;
+        if (p.num_scales > 0) {
+          for (int x = lane; x < p.num_scales; x += kWarpSize) {
+            const float val = __ldg(src_scale + x);
+#pragma unroll
+            for (int k = 0; k < kMaxTopK; ++k)
+              if (k < K && slots[k] >= 0) io.expert_x_scale[static_cast<size_t>(slots[k]) * p.num_scales + x] = val;
+          }
+        }
+        const size_t msg = static_cast<size_t>(me) * S + jd;
+        int32_t* map = p.recv_map + msg * (K + 1);
+        if (lane == 0) map[0] = t;
+        if (lane < K) map[1 + lane] = slot;
+        if (p.weights_at_dispatch && lane < K)  // where combine_send would otherwise receive them
+          sym_at<float>(p, p.off_weights_recv)[msg * K + lane] = io.topk_weights[static_cast<size_t>(t) * K + lane];
+      };
       auto write_slice = [&](uint8_t* msg) {
         if (sl == 0) {
           int32_t* h = reinterpret_cast<int32_t*>(msg);
@@ -202,7 +311,10 @@ __device__ void dispatch_send(const CommParams& p, const DispatchIO& io, uint64_
         const int rd = __shfl_sync(0xffffffffu, r, src_lane);
         const int jd = __shfl_sync(0xffffffffu, j, src_lane);
         const size_t slot_off = p.off_dispatch_recv + (static_cast<size_t>(me) * S + jd) * p.msg_bytes;
-        if (uint8_t* pb = peer_base(p, rd)) {
+        if (direct_self && rd == me) {
+          write_own(jd);
+          if (lane == 0) atomicAdd(&sm.blk_sent[rd], 1);
+        } else if (uint8_t* pb = peer_base(p, rd)) {
           write_slice(pb + slot_off);
           if (lane == 0) atomicAdd(&sm.blk_sent[rd], 1);
         } else {
@@ -229,17 +341,21 @@ __device__ void dispatch_send(const CommParams& p, const DispatchIO& io, uint64_
   // separate system fence is needed. The count flag goes last from the block that wrote the counts.
   for (int d = threadIdx.x; d < W; d += blockDim.x) {
     uint8_t* pb = peer_base(p, d);
-    if (pb == nullptr) continue;
+    if (pb == nullptr) {
+      if (direct_self && d == me && sm.blk_sent[d] > 0)  // portable path: our own counter, locally
+        red_release_sys_add(sym_at<uint64_t>(p, p.off_dispatch_recv_ctr) + me, static_cast<uint64_t>(sm.blk_sent[d]));
+      continue;
+    }
     if (sm.blk_sent[d] > 0)
       red_release_sys_add(reinterpret_cast<uint64_t*>(pb + p.off_dispatch_recv_ctr) + me,
                           static_cast<uint64_t>(sm.blk_sent[d]));
-    if ((d % nw) / kWarps == static_cast<int>(blockIdx.x))  // the block whose warp wrote d's counts
+    if (lookback ? writes_counts : (d % nw) / kWarps == static_cast<int>(blockIdx.x))  // wrote d's counts
       st_release_sys(reinterpret_cast<uint64_t*>(pb + p.off_dispatch_count_flag) + me, seq);
   }
   EPKIT_STAGE(p, kStSendDone);
 }
 
-__device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_t seq, int* smem) {
+__device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_t seq, int* smem, bool direct_self) {
   const int W = p.world_size, L = p.num_local_experts, K = p.topk, S = p.max_msgs_per_src, me = p.rank;
   const int cap = p.capacity, nsd = p.dispatch_slices;
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
@@ -261,9 +377,12 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
     if (el < L) sm.cnt[s * L + el] = v; else sm.nmsg[s] = v;
   }
   __syncthreads();
+  // Each local expert's run: our own tokens first, then the other sources in rank order after us
+  // (me + 1, ..., W - 1, 0, ..., me - 1), each in token order.
   for (int el = threadIdx.x; el < L; el += blockDim.x) {
     int acc = 0;
-    for (int s = 0; s < W; ++s) {
+    for (int i = 0; i < W; ++i) {
+      const int s = me + i < W ? me + i : me + i - W;
       sm.off[s * L + el] = acc;
       acc += sm.cnt[s * L + el];
     }
@@ -272,9 +391,9 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
       if (acc > cap) record_error(p, kErrCapacity, kPhaseDispatchRecv, kWaitNone, -1, me * L + el, -1, acc, cap, seq);
     }
   }
-  if (threadIdx.x == 0) {
+  if (threadIdx.x == 0) {  // the messages to copy (none of our own with direct_self: the send half placed them)
     int acc = 0;
-    for (int s = 0; s < W; ++s) sm.msg_off[s] = acc, acc += sm.nmsg[s];
+    for (int s = 0; s < W; ++s) sm.msg_off[s] = acc, acc += direct_self && s == me ? 0 : sm.nmsg[s];
     sm.msg_off[W] = acc;
   }
   if (blockIdx.x == 0)
@@ -282,9 +401,10 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
   EPKIT_STAGE(p, kStOffsetsDone);
   const uint64_t* recv_ctr = sym_at<uint64_t>(p, p.off_dispatch_recv_ctr);
   for (int s = threadIdx.x; s < W; s += blockDim.x)
-    wait_flag(p, recv_ctr + s, (s == static_cast<int>(threadIdx.x) ? my_base : p.recv_base[s]) +
-              static_cast<uint64_t>(sm.nmsg[s]) * nsd, Cmp::kGe,
-              kPhaseDispatchRecv, kWaitDispatchData, s, -1, seq);
+    if (!(direct_self && s == me))  // our own slices are counted before this kernel ends, read by nobody
+      wait_flag(p, recv_ctr + s, (s == static_cast<int>(threadIdx.x) ? my_base : p.recv_base[s]) +
+                static_cast<uint64_t>(sm.nmsg[s]) * nsd, Cmp::kGe,
+                kPhaseDispatchRecv, kWaitDispatchData, s, -1, seq);
   __syncthreads();
   EPKIT_STAGE(p, kStDataArrived);
   if (is_aborted(p)) return;
@@ -367,9 +487,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     dispatch_kernel(const CommParams p, const DispatchIO io, bool do_send, bool do_recv) {
   extern __shared__ int smem[];
   const uint64_t seq = *reinterpret_cast<volatile uint64_t*>(&p.state->seq) + 1;
-  if (do_send) dispatch_send(p, io, seq, smem);
+  if (do_send) dispatch_send(p, io, seq, smem, do_recv);
   if (do_send && do_recv) __syncthreads();
-  if (do_recv) dispatch_recv(p, io, seq, smem);
+  if (do_recv) dispatch_recv(p, io, seq, smem, do_send);
   EPKIT_STAGE(p, kStDispatchDone);
 }
 

@@ -18,7 +18,8 @@ enum ErrorCode : int32_t {
 // What a wait was for (ErrorRecord::what) and which call (ErrorRecord::phase).
 enum Phase : int32_t { kPhaseDispatchSend = 0, kPhaseDispatchRecv = 1, kPhaseCombineSend = 2, kPhaseCombineRecv = 3 };
 enum WaitWhat : int32_t {
-  kWaitNone = 0, kWaitDispatchCounts = 1, kWaitDispatchData = 2, kWaitWeights = 3, kWaitPartial = 4, kWaitBarrier = 5
+  kWaitNone = 0, kWaitDispatchCounts = 1, kWaitDispatchData = 2, kWaitWeights = 3, kWaitPartial = 4, kWaitBarrier = 5,
+  kWaitBlockHistogram = 6  // dispatch_send's look-back over earlier blocks of the same grid (local)
 };
 
 // First error a kernel records; lives in host-mapped pinned memory so the host reads it without a sync.
@@ -87,6 +88,9 @@ struct CommParams {
   uint64_t* recv_base;     // [W] dispatch slices consumed per source, over all earlier calls
   uint64_t* weights_base;  // [W] weight rows consumed per source, over all earlier calls
   int32_t* recv_map;    // [W][S][K + 1]
+  int32_t* block_hist;  // [kMaxGridBlocks][hist_stride]: each dispatch block's (expert, destination) counts
+  uint64_t* block_flag; // [kMaxGridBlocks]: seq of the call whose block_hist row is written
+  int hist_stride;      // E + W rounded up to 4 (rows are read as int4)
   ErrorRecord* err;     // host-mapped
 };
 

@@ -202,6 +202,54 @@ TEST(AllToAll, GraphCaptureReplay100) {
   cudaStreamDestroy(st);
 }
 
+// Calls with >= 1024 own tokens take dispatch_send's look-back histogram (each block counts its own
+// chunk and sums the rows of the blocks before it). The layout must be the same as the small-call
+// path's (the reference checks every slot), whatever the grid: all SMs, a handful of blocks, one.
+// The wide case (E + W > 2048) takes the look-back's plain per-column loop.
+TEST(AllToAll, LargeCallsLookBackHistogram) {
+  struct Case {
+    int hidden, topk, experts, num_sms;
+    DType payload;
+  };
+  const Case cases[] = {{256, 8, 64, 0, DType::kFP8E4M3}, {128, 6, 32, 5, DType::kBF16},
+                        {128, 8, 64, 1, DType::kFP8E4M3}, {16, 4, 2048, 0, DType::kBF16}};
+  const int M = 2048 * g_dp;  // the look-back needs m / D >= 1024
+  cudaStream_t st;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), cudaSuccess);
+  int variant = 0;
+  for (const Case& k : cases) {
+    ++variant;
+    AllToAllConfig cfg = make_config(k.hidden, k.topk, k.experts, k.payload, variant);
+    cfg.max_tokens_per_rank = M;
+    cfg.num_sms = k.num_sms;
+    const bool wide = k.experts > 1024;
+    if (wide) cfg.capacity = 1024;  // [E/W, capacity, H] stays small; its routings stay far below it
+    AllToAll a2a(comm(), cfg);
+    RankBuffers b;
+    b.allocate(cfg, idx_type(variant));
+    const int ms[] = {1024 * g_dp, M, 1023 * g_dp, 1500 * g_dp + 1};  // at, above and below the threshold
+    const Routing routings[] = {Routing::kUniform, Routing::kOneExpert, Routing::kMasked, Routing::kOneRank};
+    for (int i = 0; i < 4; ++i) {
+      const int m = ms[i];
+      const Routing r = wide ? (i % 2 ? Routing::kMasked : Routing::kUniform) : routings[i];
+      std::string problem;
+      try {
+        const auto groups = make_inputs(cfg, r, m, case_seed(90000 + variant * 10 + i));
+        b.upload(cfg, groups[cfg.rank / cfg.dp_size], st);
+        run_layer(a2a, cfg, b, m, i % 2 == 1, i == 3, st);
+        if (cudaStreamSynchronize(st) != cudaSuccess) problem = "stream sync failed";
+        a2a.check();
+        if (problem.empty()) problem = check_dispatch(cfg, groups, b);
+        if (problem.empty()) problem = check_combine(cfg, groups, b);
+      } catch (const std::exception& e) {
+        problem = e.what();
+      }
+      AGREE_OR_FAIL(problem, describe(cfg, r, m));
+    }
+  }
+  cudaStreamDestroy(st);
+}
+
 TEST(AllToAll, EightLayersWithoutHostSync) {
   const AllToAllConfig cfg = make_config(7168, 8, 256, DType::kFP8E4M3, 3);
   AllToAll a2a(comm(), cfg);
