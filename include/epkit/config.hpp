@@ -26,7 +26,7 @@ struct AllToAllConfig {
   DType dispatch_dtype = DType::kBF16;    // payload: bf16, fp16 or fp8_e4m3 (fp8 carries fp32 scales per 128)
   DType combine_in_dtype = DType::kBF16;  // expert outputs: bf16, fp16 or fp32
   DType combine_out_dtype = DType::kBF16; // combined output: bf16 or fp16
-  int capacity = 0;             // slots per local expert in expert_x; 0 means M * (W / D) (never overflows)
+  int capacity = 0;             // slots per local expert in expert_x; 0 means M * (W / D): no overflow while each token lists an expert at most once
   DataPath path = DataPath::kAuto;
   int num_sms = 0;              // blocks (one per SM) the kernels may use; 0 means all SMs
   int timeout_ms = -1;          // bound on every device-side wait; -1 means env EPKIT_TIMEOUT_MS, else 10000

@@ -51,8 +51,8 @@ struct Vec8 {
 };
 
 // Takes the next one or two set bits of `mask` (the lowest first); b is -1 when only one was left.
-// The loops below handle two expert rows or partials at a time so both rows' loads are in flight
-// together (one at a time, each cost a full memory round trip).
+// combine_recv sums two partials at a time so both rows' loads are in flight together (one at a
+// time, each cost a full memory round trip).
 __device__ __forceinline__ void take_pair(unsigned& mask, int& a, int& b) {
   a = __ffs(mask) - 1;
   mask &= mask - 1;
@@ -79,6 +79,11 @@ struct RawRow<float> {
     f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
   }
 };
+
+// Expert rows combine_send keeps in flight per warp: four 16-bit rows (64 registers of loads per
+// lane) or two fp32 rows (the same bytes).
+template <typename T>
+inline constexpr int kRowsInFlight = sizeof(T) == 4 ? 2 : 4;
 
 struct CombineSmem {
   int* nmsg;      // [W]
@@ -185,33 +190,38 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
     for (int qq = 0; qq < kUnroll; ++qq)
 #pragma unroll
       for (int i = 0; i < 8; ++i) acc[qq][i] = 0.f;
-    // The message's local experts, two at a time.
+    // The message's local experts, kRowsInFlight<Tin> at a time: every row's loads are issued
+    // before any is used, so a message costs one memory round trip per group, not one per row.
+    constexpr int R = kRowsInFlight<Tin>;
     for (unsigned kmask = __ballot_sync(0xffffffffu, lane < K && slot >= 0); kmask;) {
-      int ka, kb;
-      take_pair(kmask, ka, kb);
-      const int slot_a = __shfl_sync(0xffffffffu, slot, ka), slot_b = __shfl_sync(0xffffffffu, slot, kb < 0 ? ka : kb);
-      const float w_a = __shfl_sync(0xffffffffu, wk, ka), w_b = __shfl_sync(0xffffffffu, wk, kb < 0 ? ka : kb);
-      const Tin* row_a = y + static_cast<size_t>(slot_a) * H;
-      const Tin* row_b = y + static_cast<size_t>(slot_b) * H;
-      RawRow<Tin> ra[kUnroll], rb[kUnroll];
+      int kr[R];
 #pragma unroll
-      for (int qq = 0; qq < kUnroll; ++qq) {
-        const int c = sl * kSliceChunks + qq * kWarpSize + lane;
-        if (c < chunks) {
-          ra[qq].load(row_a + c * 8);
-          if (kb >= 0) rb[qq].load(row_b + c * 8);
+      for (int i = 0; i < R; ++i) {  // the next set bits, lowest first; -1 once none are left
+        kr[i] = kmask ? __ffs(kmask) - 1 : -1;
+        kmask &= kmask - 1;
+      }
+      float wr[R];
+      RawRow<Tin> rows[R][kUnroll];
+#pragma unroll
+      for (int i = 0; i < R; ++i) {
+        const int src = kr[i] < 0 ? kr[0] : kr[i];
+        const Tin* row = y + static_cast<size_t>(__shfl_sync(0xffffffffu, slot, src)) * H;
+        wr[i] = __shfl_sync(0xffffffffu, wk, src);
+#pragma unroll
+        for (int qq = 0; qq < kUnroll; ++qq) {
+          const int c = sl * kSliceChunks + qq * kWarpSize + lane;
+          if (c < chunks && kr[i] >= 0) rows[i][qq].load(row + c * 8);
         }
       }
 #pragma unroll
-      for (int qq = 0; qq < kUnroll; ++qq) {
-        float v[8];
-        ra[qq].unpack(v);
+      for (int i = 0; i < R; ++i) {
+        if (kr[i] < 0) break;
 #pragma unroll
-        for (int i = 0; i < 8; ++i) acc[qq][i] = fmaf(w_a, v[i], acc[qq][i]);
-        if (kb >= 0) {
-          rb[qq].unpack(v);
+        for (int qq = 0; qq < kUnroll; ++qq) {
+          float v[8];
+          rows[i][qq].unpack(v);
 #pragma unroll
-          for (int i = 0; i < 8; ++i) acc[qq][i] = fmaf(w_b, v[i], acc[qq][i]);
+          for (int e = 0; e < 8; ++e) acc[qq][e] = fmaf(wr[i], v[e], acc[qq][e]);
         }
       }
     }

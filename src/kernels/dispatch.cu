@@ -43,7 +43,8 @@ struct RecvSmem {
 // chunk; on exit run_e / run_d hold the counts of every earlier block's chunk and, in the last
 // block, cnt_total / dst_total the totals over all own tokens. Blocks are dispatched in index order,
 // so the blocks waited for are resident or done: no co-residency is needed.
-__device__ void look_back(const CommParams& p, const SendSmem& sm, uint64_t seq) {
+// Out of line: small calls never take it, and inlined it grew every call's code (see record_error).
+static __device__ __noinline__ void look_back(const CommParams& p, const SendSmem& sm, uint64_t seq) {
   const int E = p.num_experts, W = p.world_size, R = p.hist_stride, R4 = R / 4, b = blockIdx.x;
   const bool last = b == static_cast<int>(gridDim.x) - 1;
   int32_t* row = p.block_hist + static_cast<size_t>(b) * R;
@@ -92,6 +93,41 @@ __device__ void look_back(const CommParams& p, const SendSmem& sm, uint64_t seq)
     }
   }
   __syncthreads();
+}
+
+// direct_self: one slice of one of our own tokens into its local experts' slots (slot: lane k's
+// entry, -1 when not local or past capacity); slice 0 also writes the scales and the token's
+// recv_map row (and router weights) at message index msg, where combine looks them up. Out of line,
+// like the other paths small calls rarely take.
+static __device__ __noinline__ void write_own(const CommParams& p, const DispatchIO& io, const int4 (&v)[kUnroll],
+                                              int slot, int sl, int t, int msg, const float* src_scale) {
+  const int K = p.topk, lane = threadIdx.x % kWarpSize, payload_chunks = p.payload_bytes / 16;
+  int slots[kMaxTopK];
+#pragma unroll
+  for (int k = 0; k < kMaxTopK; ++k) slots[k] = __shfl_sync(0xffffffffu, slot, k);
+#pragma unroll
+  for (int k = 0; k < kMaxTopK; ++k) {
+    if (k >= K || slots[k] < 0) continue;
+    int4* dst = reinterpret_cast<int4*>(io.expert_x + static_cast<size_t>(slots[k]) * p.payload_bytes);
+#pragma unroll
+    for (int q = 0; q < kUnroll; ++q) {
+      const int c = sl * kSliceChunks + q * kWarpSize + lane;
+      if (c < payload_chunks) dst[c] = v[q];
+    }
+  }
+  if (sl != 0) return;
+  for (int x = lane; x < p.num_scales; x += kWarpSize) {
+    const float val = __ldg(src_scale + x);
+#pragma unroll
+    for (int k = 0; k < kMaxTopK; ++k)
+      if (k < K && slots[k] >= 0) io.expert_x_scale[static_cast<size_t>(slots[k]) * p.num_scales + x] = val;
+  }
+  int32_t* map = p.recv_map + static_cast<size_t>(msg) * (K + 1);
+  if (lane == 0) map[0] = t;
+  if (lane < K) map[1 + lane] = slot;
+  if (p.weights_at_dispatch && lane < K)  // where combine_send would otherwise receive them
+    sym_at<float>(p, p.off_weights_recv)[static_cast<size_t>(msg) * K + lane] =
+        io.topk_weights[static_cast<size_t>(t) * K + lane];
 }
 
 // direct_self (the fused kernel): our own tokens' slices go straight into expert_x (and their
@@ -252,42 +288,6 @@ __device__ void dispatch_send(const CommParams& p, const DispatchIO& io, uint64_
         hw1 = lane + 32 < hdr_words ? word(lane + 32) : 0;
       }
       const float* src_scale = io.x_scale ? io.x_scale + static_cast<size_t>(t) * p.num_scales : nullptr;
-      // Our own slot for each entry (direct_self): own tokens lead every local expert's run.
-      auto write_own = [&](int jd) {
-        int slot = -1;
-        if (lane < K && e >= 0 && r == me) {
-          const int rk = sm.tok_rk[ui * K + lane];
-          slot = rk < p.capacity ? (e - me * L) * p.capacity + rk : -1;
-        }
-        int slots[kMaxTopK];
-#pragma unroll
-        for (int k = 0; k < kMaxTopK; ++k) slots[k] = __shfl_sync(0xffffffffu, slot, k);
-#pragma unroll
-        for (int k = 0; k < kMaxTopK; ++k) {
-          if (k >= K || slots[k] < 0) continue;
-          int4* dst = reinterpret_cast<int4*>(io.expert_x + static_cast<size_t>(slots[k]) * p.payload_bytes);
-#pragma unroll
-          for (int q = 0; q < kUnroll; ++q) {
-            const int c = sl * kSliceChunks + q * kWarpSize + lane;
-            if (c < payload_chunks) dst[c] = v[q];
-          }
-        }
-        if (sl != 0) return;
-        if (p.num_scales > 0) {
-          for (int x = lane; x < p.num_scales; x += kWarpSize) {
-            const float val = __ldg(src_scale + x);
-#pragma unroll
-            for (int k = 0; k < kMaxTopK; ++k)
-              if (k < K && slots[k] >= 0) io.expert_x_scale[static_cast<size_t>(slots[k]) * p.num_scales + x] = val;
-          }
-        }
-        const size_t msg = static_cast<size_t>(me) * S + jd;
-        int32_t* map = p.recv_map + msg * (K + 1);
-        if (lane == 0) map[0] = t;
-        if (lane < K) map[1 + lane] = slot;
-        if (p.weights_at_dispatch && lane < K)  // where combine_send would otherwise receive them
-          sym_at<float>(p, p.off_weights_recv)[msg * K + lane] = io.topk_weights[static_cast<size_t>(t) * K + lane];
-      };
       auto write_slice = [&](uint8_t* msg) {
         if (sl == 0) {
           int32_t* h = reinterpret_cast<int32_t*>(msg);
@@ -312,7 +312,12 @@ __device__ void dispatch_send(const CommParams& p, const DispatchIO& io, uint64_
         const int jd = __shfl_sync(0xffffffffu, j, src_lane);
         const size_t slot_off = p.off_dispatch_recv + (static_cast<size_t>(me) * S + jd) * p.msg_bytes;
         if (direct_self && rd == me) {
-          write_own(jd);
+          int slot = -1;  // own tokens lead every local expert's run: the slot is the rank within it
+          if (lane < K && e >= 0 && r == me) {
+            const int rk = sm.tok_rk[ui * K + lane];
+            slot = rk < p.capacity ? (e - me * L) * p.capacity + rk : -1;
+          }
+          write_own(p, io, v, slot, sl, t, me * S + jd, src_scale);
           if (lane == 0) atomicAdd(&sm.blk_sent[rd], 1);
         } else if (uint8_t* pb = peer_base(p, rd)) {
           write_slice(pb + slot_off);
