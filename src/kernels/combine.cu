@@ -51,8 +51,8 @@ struct Vec8 {
 };
 
 // Takes the next one or two set bits of `mask` (the lowest first); b is -1 when only one was left.
-// combine_recv sums two partials at a time so both rows' loads are in flight together (one at a
-// time, each cost a full memory round trip).
+// The loops below handle two expert rows or partials at a time so both rows' loads are in flight
+// together (one at a time, each cost a full memory round trip).
 __device__ __forceinline__ void take_pair(unsigned& mask, int& a, int& b) {
   a = __ffs(mask) - 1;
   mask &= mask - 1;
@@ -80,10 +80,31 @@ struct RawRow<float> {
   }
 };
 
-// Expert rows combine_send keeps in flight per warp: four 16-bit rows (64 registers of loads per
-// lane) or two fp32 rows (the same bytes).
-template <typename T>
-inline constexpr int kRowsInFlight = sizeof(T) == 4 ? 2 : 4;
+// The P2P arrival flags of a warp's last few partial slices, raised together behind one system
+// fence: a release per slice stalled the warp on its remote stores after every slice (at prefill,
+// ~27 slices per warp). A warp with one slice (decode) flushes it at the end, as before.
+constexpr int kFlagBatch = 4;
+struct PendingFlags {
+  uint64_t* f[kFlagBatch] = {};  // lane dd < D: the flag at DP-group member dd (null: none / portable)
+  int n = 0;
+  __device__ void flush(int lane, int D, uint64_t seq) {
+    if (n == 0) return;
+    __syncwarp();  // + a cumulative fence: every lane's stores of these slices precede the flags
+    if (lane < D) {
+      __threadfence_system();
+#pragma unroll
+      for (int i = 0; i < kFlagBatch; ++i)
+        if (i < n && f[i]) st_relaxed_sys(f[i], seq);
+    }
+    n = 0;
+  }
+  __device__ void push(uint64_t* flag, int lane, int D, uint64_t seq) {
+#pragma unroll
+    for (int i = kFlagBatch - 1; i > 0; --i) f[i] = f[i - 1];  // constant indices: stays in registers
+    f[0] = flag;
+    if (++n == kFlagBatch) flush(lane, D, seq);
+  }
+};
 
 struct CombineSmem {
   int* nmsg;      // [W]
@@ -176,6 +197,7 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
   const size_t out_row = p.out_row_bytes;
   const float* wrecv = sym_at<float>(p, p.off_weights_recv);
   const Tin* y = static_cast<const Tin*>(io.expert_y);
+  PendingFlags flags;
   for (int q = gw; q < span * nsc; q += nw) {
     const int qv = q / nsc, sl = q % nsc;
     const int j = qv / W, s = (qv + me) % W;  // own tokens' partials start the interleave
@@ -190,38 +212,33 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
     for (int qq = 0; qq < kUnroll; ++qq)
 #pragma unroll
       for (int i = 0; i < 8; ++i) acc[qq][i] = 0.f;
-    // The message's local experts, kRowsInFlight<Tin> at a time: every row's loads are issued
-    // before any is used, so a message costs one memory round trip per group, not one per row.
-    constexpr int R = kRowsInFlight<Tin>;
+    // The message's local experts, two at a time.
     for (unsigned kmask = __ballot_sync(0xffffffffu, lane < K && slot >= 0); kmask;) {
-      int kr[R];
+      int ka, kb;
+      take_pair(kmask, ka, kb);
+      const int slot_a = __shfl_sync(0xffffffffu, slot, ka), slot_b = __shfl_sync(0xffffffffu, slot, kb < 0 ? ka : kb);
+      const float w_a = __shfl_sync(0xffffffffu, wk, ka), w_b = __shfl_sync(0xffffffffu, wk, kb < 0 ? ka : kb);
+      const Tin* row_a = y + static_cast<size_t>(slot_a) * H;
+      const Tin* row_b = y + static_cast<size_t>(slot_b) * H;
+      RawRow<Tin> ra[kUnroll], rb[kUnroll];
 #pragma unroll
-      for (int i = 0; i < R; ++i) {  // the next set bits, lowest first; -1 once none are left
-        kr[i] = kmask ? __ffs(kmask) - 1 : -1;
-        kmask &= kmask - 1;
-      }
-      float wr[R];
-      RawRow<Tin> rows[R][kUnroll];
-#pragma unroll
-      for (int i = 0; i < R; ++i) {
-        const int src = kr[i] < 0 ? kr[0] : kr[i];
-        const Tin* row = y + static_cast<size_t>(__shfl_sync(0xffffffffu, slot, src)) * H;
-        wr[i] = __shfl_sync(0xffffffffu, wk, src);
-#pragma unroll
-        for (int qq = 0; qq < kUnroll; ++qq) {
-          const int c = sl * kSliceChunks + qq * kWarpSize + lane;
-          if (c < chunks && kr[i] >= 0) rows[i][qq].load(row + c * 8);
+      for (int qq = 0; qq < kUnroll; ++qq) {
+        const int c = sl * kSliceChunks + qq * kWarpSize + lane;
+        if (c < chunks) {
+          ra[qq].load(row_a + c * 8);
+          if (kb >= 0) rb[qq].load(row_b + c * 8);
         }
       }
 #pragma unroll
-      for (int i = 0; i < R; ++i) {
-        if (kr[i] < 0) break;
+      for (int qq = 0; qq < kUnroll; ++qq) {
+        float v[8];
+        ra[qq].unpack(v);
 #pragma unroll
-        for (int qq = 0; qq < kUnroll; ++qq) {
-          float v[8];
-          rows[i][qq].unpack(v);
+        for (int i = 0; i < 8; ++i) acc[qq][i] = fmaf(w_a, v[i], acc[qq][i]);
+        if (kb >= 0) {
+          rb[qq].unpack(v);
 #pragma unroll
-          for (int e = 0; e < 8; ++e) acc[qq][e] = fmaf(wr[i], v[e], acc[qq][e]);
+          for (int i = 0; i < 8; ++i) acc[qq][i] = fmaf(w_b, v[i], acc[qq][i]);
         }
       }
     }
@@ -247,13 +264,11 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
         if (c < chunks) st16(row + static_cast<size_t>(c) * 16, packed[qq]);
       }
     }
-    __syncwarp();
     const size_t flag_idx = (static_cast<size_t>(me) * M + t) * nsc + sl;
-    if (lane < D) {  // __syncwarp + a cumulative release publish the whole warp's stores
-      if (uint8_t* pb = peer_base(p, p0 + lane)) {
-        st_release_sys(reinterpret_cast<uint64_t*>(pb + p.off_combine_flag) + flag_idx, seq);
-      }
-    }
+    uint64_t* flag = nullptr;  // lane dd < D: this slice's flag at member dd, if P2P
+    if (lane < D)
+      if (uint8_t* pb = peer_base(p, p0 + lane)) flag = reinterpret_cast<uint64_t*>(pb + p.off_combine_flag) + flag_idx;
+    flags.push(flag, lane, D, seq);
     if (any_portable) {
       __threadfence();
       const size_t lo_b = static_cast<size_t>(sl) * kSliceChunks * 16;
@@ -265,6 +280,7 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
                                           p0 + dd);
     }
   }
+  flags.flush(lane, D, seq);
   // This rank no longer reads its dispatch buffers: tell every peer. The token side waits for all
   // of these before returning, so nobody starts the next dispatch early. Sent last, off the
   // critical path: a peer needs it only after it has our partials, which go first anyway.
