@@ -91,7 +91,7 @@ struct PendingFlags {
     if (n == 0) return;
     __syncwarp();  // + a cumulative fence: every lane's stores of these slices precede the flags
     if (lane < D) {
-      __threadfence_system();
+      fence_acq_rel_sys();
 #pragma unroll
       for (int i = 0; i < kFlagBatch; ++i)
         if (i < n && f[i]) st_relaxed_sys(f[i], seq);
@@ -108,20 +108,22 @@ struct PendingFlags {
 
 struct CombineSmem {
   int* nmsg;      // [W]
-  int* max_msgs;  // [1] largest nmsg
+  int* msg_off;   // [W + 1] prefix of nmsg; then the largest nmsg
   int* blk_sent;  // [W]
 };
 
 constexpr int kUnroll = 4;                          // 8-element chunks per lane per slice
 constexpr int kSliceChunks = kWarpSize * kUnroll;   // 1024 elements: kSliceBytes of 16-bit output
 
-template <typename Tin, typename Tout>
+// kLarge: compiled with the large-call paths (see kLargeCallTokens): messages taken
+// source-interleaved and arrival flags raised kFlagBatch slices at a time.
+template <typename Tin, typename Tout, bool kLarge>
 __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t seq, int* smem) {
   const int W = p.world_size, K = p.topk, D = p.dp_size, S = p.max_msgs_per_src, M = p.max_tokens, H = p.hidden;
   const int me = p.rank, gi = me % D, nsc = p.combine_slices;
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
   const int gw = blockIdx.x * kWarps + warp, nw = gridDim.x * kWarps;
-  CombineSmem sm{smem, smem + W, smem + W + 1};
+  CombineSmem sm{smem, smem + W, smem + 2 * W + 2};
 
   EPKIT_STAGE(p, kStCombineStart);
   for (int x = threadIdx.x; x < W; x += blockDim.x) sm.blk_sent[x] = 0;
@@ -178,9 +180,10 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
   }
   __syncthreads();
   if (threadIdx.x == 0) {
-    int most = 0;
-    for (int s = 0; s < W; ++s) most = max(most, sm.nmsg[s]);
-    sm.max_msgs[0] = most;
+    int acc = 0, most = 0;
+    for (int s = 0; s < W; ++s) sm.msg_off[s] = acc, acc += sm.nmsg[s], most = max(most, sm.nmsg[s]);
+    sm.msg_off[W] = acc;
+    sm.msg_off[W + 1] = most;
   }
   __syncthreads();
   EPKIT_STAGE(p, kStWeightsArrived);
@@ -188,11 +191,11 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
 
   // One partial per (received message, slice): sum over the message's local experts of w * y, in
   // fp32, sent to every rank of the token's DP group with one flag per slice.
-  // Messages are taken source-interleaved, (j, s) rather than (s, j): the partials of our own
-  // tokens are local HBM writes and the others cross the link, and taken source by source the two
-  // ran one after the other (all warps on the local half first, the link idle). Positions past a
-  // source's count are skipped; with even routing there are none.
-  const int span = W * sm.max_msgs[0];
+  // Large calls take messages source-interleaved, (j, s) rather than (s, j): the partials of our
+  // own tokens are local HBM writes and the others cross the link, and taken source by source the
+  // two ran one after the other (all warps on the local half first, the link idle). Positions past
+  // a source's count are skipped; with even routing there are none.
+  const int span = kLarge ? W * sm.msg_off[W + 1] : sm.msg_off[W];
   const int chunks = H / 8;
   const size_t out_row = p.out_row_bytes;
   const float* wrecv = sym_at<float>(p, p.off_weights_recv);
@@ -200,8 +203,13 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
   PendingFlags flags;
   for (int q = gw; q < span * nsc; q += nw) {
     const int qv = q / nsc, sl = q % nsc;
-    const int j = qv / W, s = (qv + me) % W;  // own tokens' partials start the interleave
-    if (j >= sm.nmsg[s]) continue;
+    int s, j;
+    if constexpr (kLarge) {
+      j = qv / W, s = (qv + me) % W;  // own tokens' partials start the interleave
+      if (j >= sm.nmsg[s]) continue;
+    } else {
+      s = source_of_message(sm.msg_off, W, qv), j = qv - sm.msg_off[s];
+    }
     const size_t msg = static_cast<size_t>(s) * S + j;
     const int32_t* map = p.recv_map + msg * (K + 1);
     const int t = map[0];
@@ -268,7 +276,12 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
     uint64_t* flag = nullptr;  // lane dd < D: this slice's flag at member dd, if P2P
     if (lane < D)
       if (uint8_t* pb = peer_base(p, p0 + lane)) flag = reinterpret_cast<uint64_t*>(pb + p.off_combine_flag) + flag_idx;
-    flags.push(flag, lane, D, seq);
+    if constexpr (kLarge) {
+      flags.push(flag, lane, D, seq);
+    } else {
+      __syncwarp();  // + a cumulative release: publish the whole warp's stores
+      if (flag) st_release_sys(flag, seq);
+    }
     if (any_portable) {
       __threadfence();
       const size_t lo_b = static_cast<size_t>(sl) * kSliceChunks * 16;
@@ -280,7 +293,7 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
                                           p0 + dd);
     }
   }
-  flags.flush(lane, D, seq);
+  if constexpr (kLarge) flags.flush(lane, D, seq);
   // This rank no longer reads its dispatch buffers: tell every peer. The token side waits for all
   // of these before returning, so nobody starts the next dispatch early. Sent last, off the
   // critical path: a peer needs it only after it has our partials, which go first anyway.
@@ -417,14 +430,14 @@ __device__ void finish_layer(const CommParams& p, uint64_t seq, const LayerTail&
   }
 }
 
-template <typename Tin, typename Tout>
+template <typename Tin, typename Tout, bool kLarge>
 __global__ void __launch_bounds__(kThreads, 1)
     combine_kernel(const CommParams p, const CombineIO io, bool do_send, bool do_recv) {
   extern __shared__ int smem[];
   const uint64_t seq = *reinterpret_cast<volatile uint64_t*>(&p.state->seq) + 1;
   LayerTail tail;
   if (do_recv) tail.load(p);
-  if (do_send) combine_send<Tin, Tout>(p, io, seq, smem);
+  if (do_send) combine_send<Tin, Tout, kLarge>(p, io, seq, smem);
   EPKIT_STAGE(p, kStPartialsSent);
   if (do_recv) {
     combine_recv<Tout>(p, io, seq);
@@ -435,12 +448,13 @@ __global__ void __launch_bounds__(kThreads, 1)
 template <typename Tin, typename Tout>
 cudaError_t launch_typed(const CommParams& p, const CombineIO& io, bool s, bool r, const LaunchShape& sh,
                          cudaStream_t st) {
+  auto kernel = large_capable(p) ? combine_kernel<Tin, Tout, true> : combine_kernel<Tin, Tout, false>;
   if (sh.smem_bytes > 48 * 1024) {
-    cudaError_t e = cudaFuncSetAttribute(combine_kernel<Tin, Tout>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(sh.smem_bytes));
     if (e != cudaSuccess) return e;
   }
-  combine_kernel<Tin, Tout><<<sh.blocks, kThreads, sh.smem_bytes, st>>>(p, io, s, r);
+  kernel<<<sh.blocks, kThreads, sh.smem_bytes, st>>>(p, io, s, r);
   return cudaGetLastError();
 }
 
@@ -457,7 +471,7 @@ cudaError_t launch_out(const CommParams& p, const CombineIO& io, DType in, bool 
 
 }  // namespace
 
-size_t combine_smem_bytes(int world_size) { return (2 * static_cast<size_t>(world_size) + 1) * sizeof(int); }
+size_t combine_smem_bytes(int world_size) { return (3 * static_cast<size_t>(world_size) + 2) * sizeof(int); }
 
 int combine_units(int world_size, int max_msgs_per_src, int max_tokens, int slices) {
   const int send = world_size * max_msgs_per_src * slices, recv = max_tokens * slices;

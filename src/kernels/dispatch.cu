@@ -15,7 +15,6 @@ namespace {
 
 constexpr int kRoundTokens = 64;  // own tokens placed per round of the send half
 constexpr int kHistUnroll = 4;    // topk loads in flight per lane in the send half's histogram
-constexpr int kLookbackTokens = 1024;  // own tokens from which blocks count only their chunk (look-back)
 constexpr int kScaleRegs = 4;     // scales per lane held in registers by the receive copy (128 per token)
 constexpr int kUnroll = 4;        // 16-byte chunks per lane per slice (kSliceBytes = 32 * 4 * 16)
 constexpr int kSliceChunks = kWarpSize * kUnroll;
@@ -138,6 +137,8 @@ static __device__ __noinline__ void write_own(const CommParams& p, const Dispatc
 // first in every local expert's run, so their slots need no peer's counts. The arrival counter
 // still advances by the slices, so the bookkeeping is the same as when the message is sent.
 // Returns whether it did (the receive half of the same kernel then skips our own messages).
+// kLarge: compiled with the large-call paths (see kLargeCallTokens).
+template <bool kLarge>
 __device__ bool dispatch_send(const CommParams& p, const DispatchIO& io, uint64_t seq, int* smem, bool fused) {
   const int E = p.num_experts, W = p.world_size, L = p.num_local_experts, K = p.topk, D = p.dp_size;
   const int me = p.rank, gi = me % D, S = p.max_msgs_per_src, nsd = p.dispatch_slices;
@@ -164,16 +165,16 @@ __device__ bool dispatch_send(const CommParams& p, const DispatchIO& io, uint64_
 
   // Histogram. Small calls: every block counts all own tokens' entries, and the entries of tokens
   // before its chunk seed the running counters (no communication between blocks). Large calls
-  // (n_own >= kLookbackTokens, where that redundant count cost 36 us at 4096 tokens): every block
+  // (n_own >= kLargeCallTokens, where that redundant count cost 36 us at 4096 tokens): every block
   // counts only its own chunk, publishes the row, and sums the rows of the blocks before it
   // (a decoupled look-back; the last block also adds its own row, which gives the totals).
   // Either way every (sender, expert) rank and every destination slot is unique and follows token
   // order, so the output layout does not depend on the grid.
-  const bool lookback = n_own >= kLookbackTokens && gridDim.x > 1;
+  const bool lookback = kLarge && n_own >= kLargeCallTokens && gridDim.x > 1;
   const int h0 = lookback ? u0 : 0, h1 = lookback ? u1 : n_own;
   // Own tokens go straight into expert_x in large fused calls only. At decode sizes the message to
   // ourselves was measured faster (fused dispatch 20.1 us at 1 token, 22.4 with direct_self).
-  const bool direct_self = fused && n_own >= kLookbackTokens;
+  const bool direct_self = kLarge && fused && n_own >= kLargeCallTokens;
   // Lanes work in groups of G >= K (a power of two): lane k of a group reads entry k of one token,
   // so a warp reads 32 / G tokens with one coalesced load, kHistUnroll loads in flight per lane.
   {
@@ -495,11 +496,12 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
   }
 }
 
+template <bool kLarge>
 __global__ void __launch_bounds__(kThreads, 1)
     dispatch_kernel(const CommParams p, const DispatchIO io, bool do_send, bool do_recv) {
   extern __shared__ int smem[];
   const uint64_t seq = *reinterpret_cast<volatile uint64_t*>(&p.state->seq) + 1;
-  const bool direct_self = do_send && dispatch_send(p, io, seq, smem, do_recv);
+  const bool direct_self = do_send && dispatch_send<kLarge>(p, io, seq, smem, do_recv);
   if (do_send && do_recv) __syncthreads();
   if (do_recv) dispatch_recv(p, io, seq, smem, direct_self);
   EPKIT_STAGE(p, kStDispatchDone);
@@ -520,12 +522,13 @@ int dispatch_units(int world_size, int max_msgs_per_src, int slices) {
 
 cudaError_t launch_dispatch(const CommParams& p, const DispatchIO& io, bool do_send, bool do_recv,
                             const LaunchShape& shape, cudaStream_t stream) {
+  auto kernel = large_capable(p) ? dispatch_kernel<true> : dispatch_kernel<false>;
   if (shape.smem_bytes > 48 * 1024) {
-    cudaError_t e = cudaFuncSetAttribute(dispatch_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(shape.smem_bytes));
     if (e != cudaSuccess) return e;
   }
-  dispatch_kernel<<<shape.blocks, kThreads, shape.smem_bytes, stream>>>(p, io, do_send, do_recv);
+  kernel<<<shape.blocks, kThreads, shape.smem_bytes, stream>>>(p, io, do_send, do_recv);
   return cudaGetLastError();
 }
 

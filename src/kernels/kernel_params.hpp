@@ -124,6 +124,13 @@ struct CombineIO {
   void* out;                  // [rows, H] out dtype
 };
 
+// Own tokens per rank from which the large-call paths run (look-back histogram, own tokens fanned
+// out by the send half, source-interleaved combine with batched flags). They cost 1-2 us per call
+// at decode sizes even when not taken, so each kernel has a variant without them, and the host
+// launches the large variant only for objects whose ceil(M / D) reaches this.
+inline constexpr int kLargeCallTokens = 1024;
+inline bool large_capable(const CommParams& p) { return p.max_msgs_per_src >= kLargeCallTokens; }
+
 // Block shape every kernel is compiled for (device_common.cuh uses the same numbers).
 inline constexpr int kThreadsPerBlock = 512;
 inline constexpr int kWarpsPerBlock = kThreadsPerBlock / 32;
