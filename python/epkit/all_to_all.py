@@ -112,30 +112,32 @@ class ExpertAllToAll:
         return torch.empty((rows, self.config.hidden), dtype=self.combine_out_dtype, device=self.device)
 
     # -- dispatch --------------------------------------------------------------------------------
-    def _dispatch(self, mode, x, topk_idx, x_scale, num_tokens, out: DispatchOutput):
+    def _dispatch(self, mode, x, topk_idx, x_scale, num_tokens, out: DispatchOutput, topk_weights):
         m, m_dev = _num_tokens(num_tokens, topk_idx)
         self._impl.dispatch(mode, arg(x, "x"), arg(x_scale, "x_scale"), arg(topk_idx, "topk_idx"), m, m_dev,
                             arg(out.expert_x, "expert_x"), arg(out.expert_x_scale, "expert_x_scale"),
-                            arg(out.expert_num_tokens, "expert_num_tokens"), _stream())
+                            arg(out.expert_num_tokens, "expert_num_tokens"), arg(topk_weights, "topk_weights"),
+                            _stream())
 
     def dispatch(self, x, topk_idx, x_scale=None, *, num_tokens: NumTokens = None,
-                 out: Optional[DispatchOutput] = None) -> DispatchOutput:
+                 out: Optional[DispatchOutput] = None, topk_weights=None) -> DispatchOutput:
         """Sends each token [m, H] to the ranks of its experts and returns the expert-major outputs.
 
         topk_idx [m, K] int32/int64/uint32 (negative = no expert); x_scale [m, ceil(H/128)] fp32 for
         fp8; num_tokens: None (m = topk_idx.shape[0]), an int, or a one-element int32/uint32 device
-        tensor (one CUDA graph serves any m).
+        tensor (one CUDA graph serves any m). topk_weights [m, K] fp32: required with
+        weights_at_dispatch (combine then takes none), refused without it.
         """
         out = out if out is not None else self.empty_dispatch_output()
-        self._dispatch(_BOTH, x, topk_idx, x_scale, num_tokens, out)
+        self._dispatch(_BOTH, x, topk_idx, x_scale, num_tokens, out, topk_weights)
         return out
 
     def dispatch_send(self, x, topk_idx, x_scale=None, *, num_tokens: NumTokens = None,
-                      out: Optional[DispatchOutput] = None) -> _Pending:
+                      out: Optional[DispatchOutput] = None, topk_weights=None) -> _Pending:
         """The send half; pass what it returns to dispatch_recv. Other work may run in between."""
         out = out if out is not None else self.empty_dispatch_output()
-        self._dispatch(_SEND, x, topk_idx, x_scale, num_tokens, out)
-        return _Pending((x, topk_idx, x_scale, num_tokens, out), out)
+        self._dispatch(_SEND, x, topk_idx, x_scale, num_tokens, out, topk_weights)
+        return _Pending((x, topk_idx, x_scale, num_tokens, out, topk_weights), out)
 
     def dispatch_recv(self, pending: _Pending) -> DispatchOutput:
         self._dispatch(_RECV, *pending.args)
@@ -147,18 +149,19 @@ class ExpertAllToAll:
         self._impl.combine(mode, arg(expert_y, "expert_y"), arg(topk_idx, "topk_idx"),
                            arg(topk_weights, "topk_weights"), m, m_dev, arg(out, "out"), _stream())
 
-    def combine(self, expert_y, topk_idx, topk_weights, *, num_tokens: NumTokens = None,
+    def combine(self, expert_y, topk_idx, topk_weights=None, *, num_tokens: NumTokens = None,
                 out: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Returns out[t] = sum_k topk_weights[t, k] * expert_y(topk_idx[t, k], t) for t < m.
 
         expert_y [E/W, capacity, H] holds the expert outputs slot for slot as dispatched; topk_idx and
         num_tokens as given to the matching dispatch; out defaults to [topk_idx.shape[0], H].
+        topk_weights [m, K] fp32, or None with weights_at_dispatch (the dispatch carried them).
         """
         out = out if out is not None else self.empty_combine_output(topk_idx.shape[0])
         self._combine(_BOTH, expert_y, topk_idx, topk_weights, num_tokens, out)
         return out
 
-    def combine_send(self, expert_y, topk_idx, topk_weights, *, num_tokens: NumTokens = None,
+    def combine_send(self, expert_y, topk_idx, topk_weights=None, *, num_tokens: NumTokens = None,
                      out: Optional[torch.Tensor] = None) -> _Pending:
         out = out if out is not None else self.empty_combine_output(topk_idx.shape[0])
         self._combine(_SEND, expert_y, topk_idx, topk_weights, num_tokens, out)

@@ -140,7 +140,7 @@ class AllToAll:
             if t.dtype != impl.dispatch_dtype:
                 raise EpkitError(f"{name} is {t.dtype} but this AllToAll's payload is {impl.dispatch_dtype}")
         out = DispatchOutput(out_expert_x, out_expert_x_scale, out_expert_num_tokens)
-        impl._dispatch(mode, dp_x, indices, dp_x_scale, bound_m, out)
+        impl._dispatch(mode, dp_x, indices, dp_x_scale, bound_m, out, None)
 
     def combine(self, out_tokens, indices, weights, expert_y, bound_m, do_send=True, do_recv=True) -> None:
         """out_tokens [>= m, H] bf16/fp16 receives sum_k weights[t, k] * expert_y(indices[t, k], t)."""

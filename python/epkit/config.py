@@ -35,6 +35,7 @@ class AllToAllConfig:
     path: Union[str, "_C.DataPath"] = "auto"  # "auto" (P2P loads/stores where possible) or "portable"
     num_sms: int = 0                    # 0 means all SMs
     timeout_ms: int = -1                # -1 means env EPKIT_TIMEOUT_MS, else 10000
+    weights_at_dispatch: bool = False   # router weights go to dispatch (carried in each message), none to combine
 
     def to_cpp(self) -> "_C.AllToAllConfig":
         c = _C.AllToAllConfig()
@@ -57,6 +58,7 @@ class AllToAllConfig:
             raise EpkitError(f"path {self.path!r} is not one of {sorted(_PATHS)} (or an epkit.DataPath)")
         c.num_sms = int(self.num_sms)
         c.timeout_ms = int(self.timeout_ms)
+        c.weights_at_dispatch = bool(self.weights_at_dispatch)
         return c
 
     def validate(self) -> None:

@@ -76,7 +76,8 @@ const int32_t* device_count(const TensorArg& arg, const char* what, int device) 
 
 void dispatch(Handle& h, int mode, const TensorArg& x, const TensorArg& x_scale, const TensorArg& topk_idx,
               int num_tokens, const TensorArg& num_tokens_device, const TensorArg& expert_x,
-              const TensorArg& expert_x_scale, const TensorArg& expert_num_tokens, uintptr_t stream) {
+              const TensorArg& expert_x_scale, const TensorArg& expert_num_tokens, const TensorArg& topk_weights,
+              uintptr_t stream) {
   auto a = h.get();
   int dev = comm().device();
   DispatchArgs args;
@@ -88,6 +89,7 @@ void dispatch(Handle& h, int mode, const TensorArg& x, const TensorArg& x_scale,
   args.expert_x = to_tensor(expert_x, "expert_x", dev);
   args.expert_x_scale = to_tensor(expert_x_scale, "expert_x_scale", dev);
   args.expert_num_tokens = to_tensor(expert_num_tokens, "expert_num_tokens", dev);
+  args.topk_weights = to_tensor(topk_weights, "topk_weights", dev);
   DeviceGuard guard(dev);
   switch (mode) {
     case kBoth: a->dispatch(args, as_stream(stream)); break;
@@ -148,6 +150,7 @@ void bind_all_to_all(nb::module_& m) {
       .def_rw("path", &AllToAllConfig::path)
       .def_rw("num_sms", &AllToAllConfig::num_sms)
       .def_rw("timeout_ms", &AllToAllConfig::timeout_ms)
+      .def_rw("weights_at_dispatch", &AllToAllConfig::weights_at_dispatch)
       .def("validate", [](const AllToAllConfig& c) { validate(c); })
       .def("num_local_experts", [](const AllToAllConfig& c) { return num_local_experts(c); })
       .def("effective_capacity", [](const AllToAllConfig& c) { return effective_capacity(c); })
@@ -161,7 +164,7 @@ void bind_all_to_all(nb::module_& m) {
       .def("dispatch", &dispatch, nb::arg("mode"), nb::arg("x").none(), nb::arg("x_scale").none(),
            nb::arg("topk_idx").none(), nb::arg("num_tokens"), nb::arg("num_tokens_device").none(),
            nb::arg("expert_x").none(), nb::arg("expert_x_scale").none(), nb::arg("expert_num_tokens").none(),
-           nb::arg("stream"))
+           nb::arg("topk_weights").none(), nb::arg("stream"))
       .def("combine", &combine, nb::arg("mode"), nb::arg("expert_y").none(), nb::arg("topk_idx").none(),
            nb::arg("topk_weights").none(), nb::arg("num_tokens"), nb::arg("num_tokens_device").none(),
            nb::arg("out").none(), nb::arg("stream"))

@@ -149,6 +149,43 @@ def idiomatic(rank, world_size):
     assert not ata.alive
 
 
+def weights_at_dispatch(rank, world_size, dp_size):
+    """weights_at_dispatch=True: the router weights go to dispatch (fused and split), combine takes
+    none; weights on the wrong call raise EpkitError and launch nothing."""
+    dev = _device()
+    p = problem(world_size, dp_size, "fp8")
+    cfg = epkit.AllToAllConfig(num_experts=p.num_experts, experts_per_token=TOP_K, hidden=HIDDEN,
+                               max_tokens_per_rank=MAX_TOKENS, dp_size=dp_size, dispatch_dtype="fp8_e4m3",
+                               weights_at_dispatch=True)
+    with epkit.ExpertAllToAll(cfg) as ata:
+        for it in range(3):
+            tag = f"weights_at_dispatch#{it} W={world_size} dp={dp_size} rank={rank}"
+            groups = all_groups(p, 900 + it, dev)
+            mine = groups[rank // dp_size]
+            num_tokens, expert_x, expert_x_scale = _poisoned_dispatch_outputs(p)
+            out_d = epkit.DispatchOutput(expert_x, expert_x_scale, num_tokens)
+            if it == 0:
+                _expect_error(lambda: ata.dispatch(mine.x, mine.idx, mine.x_scale, out=out_d), "topk_weights")
+            if it % 2 == 0:
+                d = ata.dispatch(mine.x, mine.idx, mine.x_scale, topk_weights=mine.weights, out=out_d)
+            else:
+                d = ata.dispatch_recv(ata.dispatch_send(mine.x, mine.idx, mine.x_scale, num_tokens=mine.m,
+                                                        topk_weights=mine.weights, out=out_d))
+            torch.cuda.synchronize()
+            check_dispatch(p, rank, groups, d.expert_num_tokens, d.expert_x, d.expert_x_scale, tag)
+            y = expert_forward(p, rank, d.expert_x, d.expert_x_scale, d.expert_num_tokens)
+            if it == 0:
+                _expect_error(lambda: ata.combine(y, mine.idx, mine.weights), "topk_weights", "weights_at_dispatch")
+            out = torch.full((MAX_TOKENS, HIDDEN), float("nan"), dtype=torch.bfloat16, device=dev)
+            if it % 2 == 0:
+                ata.combine(y, mine.idx, num_tokens=mine.m, out=out)
+            else:
+                ata.combine_recv(ata.combine_send(y, mine.idx, num_tokens=mine.m, out=out))
+            torch.cuda.synchronize()
+            ata.check()
+            check_combine(p, mine, out, PAYLOADS["fp8"][3], tag, untouched_from=mine.m)
+
+
 def cuda_graph(rank, world_size, dp_size, payloads):
     """Captures dispatch -> experts -> combine in one torch.cuda.CUDAGraph with bound_m on the device,
     then replays it for fresh inputs with different m."""

@@ -23,6 +23,12 @@ def test_cuda_graph_capture(world_size, dp_size):
     run_ranks(cuda_graph, world_size, dp_size, ["bf16", "fp8"])
 
 
+@pytest.mark.parametrize("world_size,dp_size", [(2, 1), (4, 2)])
+def test_weights_at_dispatch(world_size, dp_size):
+    from _cases import weights_at_dispatch
+    run_ranks(weights_at_dispatch, world_size, dp_size)
+
+
 def test_idiomatic_api():
     from _cases import idiomatic
     run_ranks(idiomatic, 2)
