@@ -65,7 +65,9 @@ def _promote_cxx_runtime():
     takes from libstdc++ (stream inserters, locale facets) bind to a same-named definition in a
     library earlier in its own search order. On the GPU box libepkit.so carries and exports its
     own copy of libstdc++ (its toolchain links one in), and the first error message with a number
-    in it crashed inside that copy's std::ostream (python/README.md, status)."""
+    in it crashed inside that copy's std::ostream (python/README.md, status). libepkit.so now
+    links with --exclude-libs for the C++ runtime (on the box `nm -D` counts 963 exported std
+    symbols before and 30 after); this stays for libraries built by other toolchains."""
     for name in ("libstdc++.so.6", "libgcc_s.so.1"):
         try:
             ctypes.CDLL(name, mode=ctypes.RTLD_GLOBAL)
