@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# A/B of the kernels of several commits on one machine, in one session, with interleaved runs.
+# Different machines of the same kind differ by ~1 us at decode sizes, so compare commits only this way.
+#
+#   scripts/bench-ab.sh prepare REF...           here: git archive each REF into .ab/<REF>/
+#   scripts/bench-ab.sh run OUTDIR [--reps N] [-- epkit-bench args]
+#                                                 on the GPU machine (carry ".ab"): builds epkit-bench
+#                                                 of each tree and runs the trees in turn, N rounds
+#
+# `run` prints one table row per (tree, round, case) and, last, the median over rounds per tree and
+# case, so a change smaller than the round-to-round spread shows as such. The JSON of every run is
+# kept in OUTDIR/<ref>-<round>.json. Default bench args: --preset decode --tokens 1,128 --no-baselines.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+cmd=${1:-}
+shift || true
+case "$cmd" in
+  prepare)
+    [ $# -ge 1 ] || { echo "usage: $0 prepare REF..." >&2; exit 2; }
+    rm -rf .ab && mkdir -p .ab
+    for ref in "$@"; do
+      sha=$(git rev-parse --short "$ref") || exit 1
+      mkdir -p ".ab/$sha" && git archive "$ref" | tar -x -C ".ab/$sha" || exit 1
+      echo "$ref -> .ab/$sha"
+    done
+    grep -qx '/.ab/' .gitignore || echo "note: .ab/ is not in .gitignore; pass carry [\".ab\"] to the device tool"
+    ;;
+  run)
+    OUT=${1:?usage: $0 run OUTDIR [--reps N] [-- bench args]}
+    shift
+    REPS=2
+    BENCH_ARGS=(--preset decode --tokens 1,128 --no-baselines)
+    while [ $# -gt 0 ]; do
+      case "$1" in
+        --reps) REPS=$2; shift 2 ;;
+        --) shift; BENCH_ARGS=("$@"); break ;;
+        *) echo "unknown option $1" >&2; exit 2 ;;
+      esac
+    done
+    [ -d .ab ] || { echo "no .ab/: run '$0 prepare REF...' first and carry .ab" >&2; exit 2; }
+    mkdir -p "$OUT"
+    export NVSHMEM_DISABLE_NVLS=1 NCCL_NVLS_ENABLE=0
+    ngpu=$(nvidia-smi -L | grep -c '^GPU')
+    trees=()
+    for t in .ab/*/; do trees+=("$(basename "$t")"); done
+    # The archived trees have no .deps: use this checkout's NVSHMEM unless NVSHMEM_HOME says otherwise
+    # (else each tree finds python3's nvidia.nvshmem, as on the GPU box).
+    NV=()
+    if [ -z "${NVSHMEM_HOME:-}" ] && [ -f .deps/nvshmem/include/nvshmem.h ]; then NV=(-DNVSHMEM_HOME="$PWD/.deps/nvshmem"); fi
+    pids=()
+    jobs=$(( $(nproc) / ${#trees[@]} )); [ "$jobs" -ge 1 ] || jobs=1
+    for t in "${trees[@]}"; do
+      ( cmake -S ".ab/$t" -B ".ab-build/$t" -G Ninja -DCMAKE_BUILD_TYPE=Release -DEPKIT_BUILD_TESTS=OFF "${NV[@]}" \
+          > "$OUT/$t-build.log" 2>&1 &&
+        cmake --build ".ab-build/$t" -j "$jobs" --target epkit-bench epkit-run >> "$OUT/$t-build.log" 2>&1 ) &
+      pids+=($!)
+    done
+    rc=0
+    for i in "${!pids[@]}"; do
+      wait "${pids[$i]}" || { echo "build of ${trees[$i]} failed:"; tail -20 "$OUT/${trees[$i]}-build.log"; rc=1; }
+    done
+    [ $rc = 0 ] || exit 1
+    for r in $(seq 1 "$REPS"); do
+      for t in "${trees[@]}"; do
+        ".ab-build/$t/bin/epkit-run" -n "$ngpu" -- ".ab-build/$t/bin/epkit-bench" "${BENCH_ARGS[@]}" \
+          --json "$OUT/$t-$r.json" > "$OUT/$t-$r.log" 2>&1 || { echo "bench of $t failed:"; tail -20 "$OUT/$t-$r.log"; exit 1; }
+      done
+    done
+    python3 - "$OUT" "$REPS" "${trees[@]}" <<'EOF'
+import json, statistics, sys
+out, reps, trees = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+F = ["dispatch_us_median", "combine_us_median", "total_us_median", "graph_total_us_median"]
+rows = {}
+for t in trees:
+    for r in range(1, reps + 1):
+        for row in json.load(open(f"{out}/{t}-{r}.json"))["rows"]:
+            if row["system"] != "epkit":
+                continue
+            key = (t, row["preset"], row["tokens"], row["path"])
+            rows.setdefault(key, []).append([row.get(f) for f in F])
+            print(f"{t:>10} round {r}  {row['preset']:<14} {row['tokens']:>5} {row['path']:<26}",
+                  "  ".join(f"{v:9.1f}" if v is not None else "        -" for v in rows[key][-1]))
+print(f"\nmedian over {reps} rounds: dispatch, combine, total, graph (us)")
+for key, vals in sorted(rows.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][3], kv[0][0])):
+    med = [statistics.median(v[i] for v in vals) if all(v[i] is not None for v in vals) else None for i in range(len(F))]
+    spread = max(v[2] for v in vals) - min(v[2] for v in vals)
+    print(f"{key[0]:>10}  {key[1]:<14} {key[2]:>5} {key[3]:<26}",
+          "  ".join(f"{m:9.1f}" if m is not None else "        -" for m in med), f"  (total spread {spread:.1f})")
+EOF
+    ;;
+  *)
+    echo "usage: $0 prepare REF... | $0 run OUTDIR [--reps N] [-- bench args]" >&2
+    exit 2
+    ;;
+esac
