@@ -25,8 +25,12 @@ struct Slot {
   bool operator==(const Slot& o) const { return group == o.group && token == o.token && k == o.k; }
 };
 
-// For rank `rank`, the (token, k) pairs each local expert receives, in canonical order (group, token, k).
-// Entries with an index outside [0, E) are skipped, as the kernels skip and report them.
+// For rank `rank`, the (token, k) pairs each local expert receives, in the order of expert_x's slots:
+// by sending rank, starting with `rank` itself and going up from it (rank, rank + 1, ..., W - 1, 0,
+// ..., rank - 1; the sender of group g's token t is dp_sender_rank(cfg, g, t)), then by token, then
+// by k. Entries with an index outside [0, E) are skipped, as the kernels skip and report them.
+// (When a token lists one expert twice, the kernels may place its two entries either way round:
+// both slots hold the same row.)
 std::vector<std::vector<Slot>> dispatch_slots(const AllToAllConfig& cfg, int rank,
                                               const std::vector<GroupRouting>& groups);
 

@@ -15,13 +15,15 @@ std::vector<std::vector<Slot>> dispatch_slots(const AllToAllConfig& cfg, int ran
                                               const std::vector<GroupRouting>& groups) {
   EPKIT_CHECK(static_cast<int>(groups.size()) == num_dp_groups(cfg), "reference: ", groups.size(),
               " group routings given, expected W / D = ", num_dp_groups(cfg));
-  const int L = num_local_experts(cfg), K = cfg.experts_per_token;
+  const int L = num_local_experts(cfg), K = cfg.experts_per_token, W = cfg.world_size, D = cfg.dp_size;
+  for (int g = 0; g < static_cast<int>(groups.size()); ++g)
+    EPKIT_CHECK(groups[g].topk_idx.size() >= static_cast<size_t>(groups[g].num_tokens) * K, "reference: group ", g,
+                " has ", groups[g].topk_idx.size(), " indices for ", groups[g].num_tokens, " tokens x K = ", K);
   std::vector<std::vector<Slot>> out(L);
-  for (int g = 0; g < static_cast<int>(groups.size()); ++g) {
+  for (int i = 0; i < W; ++i) {
+    const int s = (rank + i) % W, g = s / D;  // sender s sends tokens t of group g with t % D == s % D
     const auto& r = groups[g];
-    EPKIT_CHECK(r.topk_idx.size() >= static_cast<size_t>(r.num_tokens) * K, "reference: group ", g,
-                " has ", r.topk_idx.size(), " indices for ", r.num_tokens, " tokens x K = ", K);
-    for (int t = 0; t < r.num_tokens; ++t)
+    for (int t = s % D; t < r.num_tokens; t += D)
       for (int k = 0; k < K; ++k) {
         const int32_t e = r.topk_idx[static_cast<size_t>(t) * K + k];
         if (!valid_expert(cfg, e) || e / L != rank) continue;

@@ -66,6 +66,37 @@ TEST(Reference, EveryValidEntryLandsExactlyOnceOnItsExpertsRank) {
   }
 }
 
+// expert_x's slot order: the receiving rank's own tokens first, then the other senders going up
+// from it (wrapping), each in token order, then k order.
+TEST(Reference, SlotOrderStartsWithOwnTokensThenSendersAfterUs) {
+  using S = ref::Slot;
+  const AllToAllConfig c = cfg(2, 1, 4, 2, 16, 4);  // experts 0-1 on rank 0, 2-3 on rank 1
+  std::vector<ref::GroupRouting> g(2);
+  g[0] = {2, {0, 2, /**/ 2, 1}};
+  g[1] = {2, {3, 2, /**/ 2, 0}};
+  const auto r1 = ref::dispatch_slots(c, 1, g);
+  EXPECT_EQ(r1[0], (std::vector<S>{{1, 0, 1}, {1, 1, 0}, {0, 0, 1}, {0, 1, 0}}));  // expert 2: group 1 first
+  EXPECT_EQ(r1[1], (std::vector<S>{{1, 0, 0}}));
+  const auto r0 = ref::dispatch_slots(c, 0, g);
+  EXPECT_EQ(r0[0], (std::vector<S>{{0, 0, 0}, {1, 1, 1}}));  // expert 0: rank 0's own token first
+  EXPECT_EQ(r0[1], (std::vector<S>{{0, 1, 1}}));
+
+  // dp_size 2: rank 2 (group 1, even tokens) takes its own tokens, then rank 3's (group 1, odd),
+  // rank 0's (group 0, even) and rank 1's (group 0, odd).
+  const AllToAllConfig d = cfg(4, 2, 4, 1, 16, 4);  // expert 2 on rank 2
+  std::vector<ref::GroupRouting> h(2);
+  h[0] = {4, {2, 2, 2, 2}};
+  h[1] = {3, {2, 2, 2}};
+  EXPECT_EQ(ref::dispatch_slots(d, 2, h)[0],
+            (std::vector<S>{{1, 0, 0}, {1, 2, 0}, {1, 1, 0}, {0, 0, 0}, {0, 2, 0}, {0, 1, 0}, {0, 3, 0}}));
+  // Rank 1 (group 0, odd tokens) starts with its own tokens, then ranks 2, 3 and 0.
+  std::vector<ref::GroupRouting> h1(2);
+  h1[0] = {4, {1, 1, 1, 1}};
+  h1[1] = {2, {1, 1}};
+  EXPECT_EQ(ref::dispatch_slots(d, 1, h1)[0],
+            (std::vector<S>{{0, 1, 0}, {0, 3, 0}, {1, 0, 0}, {1, 1, 0}, {0, 0, 0}, {0, 2, 0}}));
+}
+
 TEST(Reference, DestinationRanksAreDistinctSortedAndSkipInvalid) {
   const AllToAllConfig c = cfg(4, 1, 16, 6, 16, 4);
   const int32_t row[6] = {15, -1, 3, 2, 99, 14};

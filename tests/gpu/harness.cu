@@ -350,11 +350,18 @@ std::string check_dispatch(const AllToAllConfig& cfg, const std::vector<GroupInp
       if (ns) s.append(reinterpret_cast<const char*>(&in.x_scale[static_cast<size_t>(sl.token) * ns]), ns * 4);
       ref.push_back(std::move(s));
     }
-    std::sort(got.begin(), got.end());
-    std::sort(ref.begin(), ref.end());
-    if (got != ref) {
-      err << "expert " << cfg.rank * L + el << ": the multiset of " << want
-          << " (payload, scales) rows differs from the reference";
+    // Slot for slot: the layout order is part of the contract (ref::dispatch_slots). When a token
+    // lists the expert twice its two entries may land either way round, but both rows are that
+    // token's, so they compare equal either way.
+    for (int pos = 0; pos < want; ++pos) {
+      if (got[pos] == ref[pos]) continue;
+      const ref::Slot& sl = slots[el][pos];
+      std::sort(got.begin(), got.end());
+      std::sort(ref.begin(), ref.end());
+      err << "expert " << cfg.rank * L + el << ": slot " << pos << " of " << want
+          << " does not hold (group " << sl.group << ", token " << sl.token << ", k " << sl.k << ")"
+          << (got == ref ? ": the same rows are there in another order (layout order broken)"
+                         : ": the (payload, scales) rows differ from the reference");
       return err.str();
     }
     for (int pos = want; pos < cap; ++pos) {  // nothing may be written past the count
