@@ -25,9 +25,10 @@ struct DispatchArgs {
   Tensor topk_idx;           // [rows >= m, K] int32, int64 or uint32; negative (or 0xffffffff) = no expert
   int num_tokens = -1;       // m on the host, 0 <= m <= M; or -1 with num_tokens_device
   const int32_t* num_tokens_device = nullptr;  // one-element device int holding m (one graph serves any m)
-  Tensor expert_x;           // [E/W, capacity, H], dispatch dtype (output). Slot order per expert: this
-                             // rank's own tokens, then rank + 1, ..., W - 1, 0, ..., rank - 1's, each
-                             // in token order (ref::dispatch_slots); the same on every call and path
+  Tensor expert_x;           // [E/W, capacity, H], dispatch dtype (output). Per expert, the slots hold
+                             // this rank's own tokens, then those sent by rank + 1, ..., W - 1, 0, ...,
+                             // rank - 1, one contiguous run per sender (ref::dispatch_slots); the order
+                             // within one sender's run is unspecified
   Tensor expert_x_scale;     // [E/W, capacity, ceil(H/128)] fp32 (output, fp8 only)
   Tensor expert_num_tokens;  // [E/W] int32 (output): tokens placed per local expert
   Tensor topk_weights;       // [rows >= m, K] fp32: required iff config.weights_at_dispatch, else absent

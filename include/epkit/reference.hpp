@@ -25,12 +25,11 @@ struct Slot {
   bool operator==(const Slot& o) const { return group == o.group && token == o.token && k == o.k; }
 };
 
-// For rank `rank`, the (token, k) pairs each local expert receives, in the order of expert_x's slots:
+// For rank `rank`, the (token, k) pairs each local expert receives, grouped as expert_x's slots are:
 // by sending rank, starting with `rank` itself and going up from it (rank, rank + 1, ..., W - 1, 0,
-// ..., rank - 1; the sender of group g's token t is dp_sender_rank(cfg, g, t)), then by token, then
-// by k. Entries with an index outside [0, E) are skipped, as the kernels skip and report them.
-// (When a token lists one expert twice, the kernels may place its two entries either way round:
-// both slots hold the same row.)
+// ..., rank - 1; the sender of group g's token t is dp_sender_rank(cfg, g, t)). Within one sender
+// the list is in (token, k) order; the kernels guarantee only the grouping, not that order.
+// Entries with an index outside [0, E) are skipped, as the kernels skip and report them.
 std::vector<std::vector<Slot>> dispatch_slots(const AllToAllConfig& cfg, int rank,
                                               const std::vector<GroupRouting>& groups);
 

@@ -2,7 +2,8 @@
 // its header (token index, top-k experts and each entry's rank within (sender, expert)), scales and
 // payload. The receiver computes every slot of the expert-major output from the per-(source,
 // expert) counts alone, so tokens are placed without atomics. Each local expert's run holds our
-// own tokens first, then the other sources' in rank order after ours, each in token order.
+// own tokens first, then the other sources' in rank order after ours, one contiguous run per source
+// (within a run, tokens of one 64-token round take their ranks in shared-atomic order).
 // Messages move in slices (layout.hpp): one warp per (message, slice), loads batched before stores.
 #include <cuda_runtime.h>
 
@@ -391,7 +392,7 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
   }
   __syncthreads();
   // Each local expert's run: our own tokens first, then the other sources in rank order after us
-  // (me + 1, ..., W - 1, 0, ..., me - 1), each in token order.
+  // (me + 1, ..., W - 1, 0, ..., me - 1), one contiguous run per source.
   for (int el = threadIdx.x; el < L; el += blockDim.x) {
     int acc = 0;
     for (int i = 0; i < W; ++i) {

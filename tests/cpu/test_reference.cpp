@@ -66,8 +66,8 @@ TEST(Reference, EveryValidEntryLandsExactlyOnceOnItsExpertsRank) {
   }
 }
 
-// expert_x's slot order: the receiving rank's own tokens first, then the other senders going up
-// from it (wrapping), each in token order, then k order.
+// expert_x's runs: the receiving rank's own tokens first, then the other senders going up from it
+// (wrapping); the reference lists each sender's entries in (token, k) order.
 TEST(Reference, SlotOrderStartsWithOwnTokensThenSendersAfterUs) {
   using S = ref::Slot;
   const AllToAllConfig c = cfg(2, 1, 4, 2, 16, 4);  // experts 0-1 on rank 0, 2-3 on rank 1

@@ -350,19 +350,25 @@ std::string check_dispatch(const AllToAllConfig& cfg, const std::vector<GroupInp
       if (ns) s.append(reinterpret_cast<const char*>(&in.x_scale[static_cast<size_t>(sl.token) * ns]), ns * 4);
       ref.push_back(std::move(s));
     }
-    // Slot for slot: the layout order is part of the contract (ref::dispatch_slots). When a token
-    // lists the expert twice its two entries may land either way round, but both rows are that
-    // token's, so they compare equal either way.
-    for (int pos = 0; pos < want; ++pos) {
-      if (got[pos] == ref[pos]) continue;
-      const ref::Slot& sl = slots[el][pos];
-      std::sort(got.begin(), got.end());
-      std::sort(ref.begin(), ref.end());
-      err << "expert " << cfg.rank * L + el << ": slot " << pos << " of " << want
-          << " does not hold (group " << sl.group << ", token " << sl.token << ", k " << sl.k << ")"
-          << (got == ref ? ": the same rows are there in another order (layout order broken)"
-                         : ": the (payload, scales) rows differ from the reference");
-      return err.str();
+    // One run per sender, in the order ref::dispatch_slots gives (own tokens first): each run must
+    // hold exactly the reference's rows for that sender. Within a run the order is unspecified.
+    for (int lo = 0; lo < want;) {
+      const int sender = dp_sender_rank(cfg, slots[el][lo].group, slots[el][lo].token);
+      int hi = lo;
+      while (hi < want && dp_sender_rank(cfg, slots[el][hi].group, slots[el][hi].token) == sender) ++hi;
+      std::vector<std::string> g(got.begin() + lo, got.begin() + hi), r(ref.begin() + lo, ref.begin() + hi);
+      std::sort(g.begin(), g.end());
+      std::sort(r.begin(), r.end());
+      if (g != r) {
+        std::sort(got.begin(), got.end());
+        std::sort(ref.begin(), ref.end());
+        err << "expert " << cfg.rank * L + el << ": slots " << lo << ".." << hi - 1 << " (the run from rank "
+            << sender << ") do not hold that rank's " << hi - lo << " rows"
+            << (got == ref ? ", though all rows are there: the runs are out of order"
+                           : ": the (payload, scales) rows differ from the reference");
+        return err.str();
+      }
+      lo = hi;
     }
     for (int pos = want; pos < cap; ++pos) {  // nothing may be written past the count
       const size_t row = static_cast<size_t>(el) * cap + pos;
