@@ -169,8 +169,8 @@ __device__ bool dispatch_send(const CommParams& p, const DispatchIO& io, uint64_
   // (n_own >= kLargeCallTokens, where that redundant count cost 36 us at 4096 tokens): every block
   // counts only its own chunk, publishes the row, and sums the rows of the blocks before it
   // (a decoupled look-back; the last block also adds its own row, which gives the totals).
-  // Either way every (sender, expert) rank and every destination slot is unique and follows token
-  // order, so the output layout does not depend on the grid.
+  // Either way every (sender, expert) rank and every destination slot is unique, and one block's
+  // chunk follows the chunks before it; inside a round, phase A's shared atomics set the order.
   const bool lookback = kLarge && n_own >= kLargeCallTokens && gridDim.x > 1;
   const int h0 = lookback ? u0 : 0, h1 = lookback ? u1 : n_own;
   // Own tokens go straight into expert_x in large fused calls only. At decode sizes the message to
