@@ -95,16 +95,13 @@ static __device__ __noinline__ void look_back(const CommParams& p, const SendSme
   __syncthreads();
 }
 
-// direct_self: one slice of one of our own tokens into its local experts' slots (slot: lane k's
-// entry, -1 when not local or past capacity); slice 0 also writes the scales and the token's
-// recv_map row (and router weights) at message index msg, where combine looks them up. Out of line,
-// like the other paths small calls rarely take.
-static_assert(kUnroll == 4, "write_own takes the slice as four int4 values");
-static __device__ __noinline__ void write_own(const CommParams& p, const DispatchIO& io, int4 v0, int4 v1, int4 v2,
-                                              int4 v3, int slot, int sl, int t, int msg, const float* src_scale) {
-  const int K = p.topk, lane = threadIdx.x % kWarpSize, payload_chunks = p.payload_bytes / 16;
-  const int4 v[kUnroll] = {v0, v1, v2, v3};  // by value: a reference would put the caller's slice on the stack
-  int slots[kMaxTopK];
+// Lane k holds `slot` for the token's entry k (-1: not here): every lane gets all of them in
+// `slots`, and the warp stores its slice (four 16-byte chunks per lane) to each slot's row of
+// expert_x. Shared by the receive copy and the send half's own-token fan-out.
+__device__ __forceinline__ void store_slice_to_slots(const CommParams& p, const DispatchIO& io,
+                                                     const int4 (&v)[kUnroll], int slot, int sl, int lane,
+                                                     int payload_chunks, int (&slots)[kMaxTopK]) {
+  const int K = p.topk;
 #pragma unroll
   for (int k = 0; k < kMaxTopK; ++k) slots[k] = __shfl_sync(0xffffffffu, slot, k);
 #pragma unroll
@@ -117,6 +114,19 @@ static __device__ __noinline__ void write_own(const CommParams& p, const Dispatc
       if (c < payload_chunks) dst[c] = v[q];
     }
   }
+}
+
+// direct_self: one slice of one of our own tokens into its local experts' slots (slot: lane k's
+// entry, -1 when not local or past capacity); slice 0 also writes the scales and the token's
+// recv_map row (and router weights) at message index msg, where combine looks them up. Out of line,
+// like the other paths small calls rarely take.
+static_assert(kUnroll == 4, "write_own takes the slice as four int4 values");
+static __device__ __noinline__ void write_own(const CommParams& p, const DispatchIO& io, int4 v0, int4 v1, int4 v2,
+                                              int4 v3, int slot, int sl, int t, int msg, const float* src_scale) {
+  const int K = p.topk, lane = threadIdx.x % kWarpSize;
+  const int4 v[kUnroll] = {v0, v1, v2, v3};  // by value: a reference would put the caller's slice on the stack
+  int slots[kMaxTopK];
+  store_slice_to_slots(p, io, v, slot, sl, lane, p.payload_bytes / 16, slots);
   if (sl != 0) return;
   for (int x = lane; x < p.num_scales; x += kWarpSize) {
     const float val = __ldg(src_scale + x);
@@ -466,18 +476,7 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
             __int_as_float(__ldcg(hdr + 4 + 2 * K + lane));
     }
     int slots[kMaxTopK];
-#pragma unroll
-    for (int k = 0; k < kMaxTopK; ++k) slots[k] = __shfl_sync(0xffffffffu, slot, k);
-#pragma unroll
-    for (int k = 0; k < kMaxTopK; ++k) {
-      if (k >= K || slots[k] < 0) continue;
-      int4* dst = reinterpret_cast<int4*>(io.expert_x + static_cast<size_t>(slots[k]) * p.payload_bytes);
-#pragma unroll
-      for (int qq = 0; qq < kUnroll; ++qq) {
-        const int c = sl * kSliceChunks + qq * kWarpSize + lane;
-        if (c < payload_chunks) dst[c] = v[qq];
-      }
-    }
+    store_slice_to_slots(p, io, v, slot, sl, lane, payload_chunks, slots);
     if (sl == 0 && p.num_scales > 0) {
 #pragma unroll
       for (int k = 0; k < kMaxTopK; ++k) {
