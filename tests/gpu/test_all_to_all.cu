@@ -81,6 +81,27 @@ void run_layer(AllToAll& a2a, const AllToAllConfig& cfg, const RankBuffers& b, i
   a2a.combine_recv(c, st);
 }
 
+// One checked layer: fresh inputs for (routing, m, seed), `launch` issues the layer on st (and
+// returns a problem or ""), then the stream sync, the object's error check and the dispatch and
+// combine checks against the reference. Returns the first problem, "" when every check passed.
+template <typename Launch>
+std::string checked_layer(AllToAll& a2a, const AllToAllConfig& cfg, RankBuffers& b, Routing r, int m, uint64_t seed,
+                          cudaStream_t st, Launch launch) {
+  std::string problem;
+  try {
+    const auto groups = make_inputs(cfg, r, m, seed);
+    b.upload(cfg, groups[cfg.rank / cfg.dp_size], st);
+    problem = launch();
+    if (cudaStreamSynchronize(st) != cudaSuccess) problem = "stream sync failed";
+    a2a.check();
+    if (problem.empty()) problem = check_dispatch(cfg, groups, b);
+    if (problem.empty()) problem = check_combine(cfg, groups, b);
+  } catch (const std::exception& e) {
+    problem = e.what();
+  }
+  return problem;
+}
+
 std::string describe(const AllToAllConfig& c, Routing r, int m) {
   return to_string(c) + " routing=" + routing_name(r) + " m=" + std::to_string(m);
 }
@@ -109,19 +130,11 @@ TEST(AllToAll, SweepAgainstReference) {
       for (Routing r : routings)
         for (int m : ms) {
           ++layer;
-          const uint64_t seed = case_seed(variant * 1000 + layer);
-          std::string problem;
-          try {
-            const auto groups = make_inputs(cfg, r, m, seed);
-            b.upload(cfg, groups[cfg.rank / cfg.dp_size], st);
-            run_layer(a2a, cfg, b, m, layer % 2 == 0, false, st);
-            if (cudaStreamSynchronize(st) != cudaSuccess) problem = "stream sync failed";
-            a2a.check();
-            if (problem.empty()) problem = check_dispatch(cfg, groups, b);
-            if (problem.empty()) problem = check_combine(cfg, groups, b);
-          } catch (const std::exception& e) {
-            problem = e.what();
-          }
+          const std::string problem =
+              checked_layer(a2a, cfg, b, r, m, case_seed(variant * 1000 + layer), st, [&] {
+                run_layer(a2a, cfg, b, m, layer % 2 == 0, false, st);
+                return std::string();
+              });
           AGREE_OR_FAIL(problem, describe(cfg, r, m));
           ++cases;
         }
@@ -143,18 +156,11 @@ TEST(AllToAll, SplitPhasesWithForeignKernels) {
   ASSERT_EQ(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking), cudaSuccess);
   for (int it = 0; it < 6; ++it) {
     const int m = it % 3 == 0 ? kM : 1 + it * 5;
-    std::string problem;
-    try {
-      const auto groups = make_inputs(cfg, it % 2 ? Routing::kMasked : Routing::kUniform, m, case_seed(50000 + it));
-      b.upload(cfg, groups[cfg.rank / cfg.dp_size], st);
+    const Routing r = it % 2 ? Routing::kMasked : Routing::kUniform;
+    const std::string problem = checked_layer(a2a, cfg, b, r, m, case_seed(50000 + it), st, [&] {
       run_layer(a2a, cfg, b, m, it % 2 == 1, true, st, other, &scratch);
-      if (cudaStreamSynchronize(st) != cudaSuccess) problem = "stream sync failed";
-      a2a.check();
-      if (problem.empty()) problem = check_dispatch(cfg, groups, b);
-      if (problem.empty()) problem = check_combine(cfg, groups, b);
-    } catch (const std::exception& e) {
-      problem = e.what();
-    }
+      return std::string();
+    });
     AGREE_OR_FAIL(problem, "split phases iteration " + std::to_string(it));
   }
   cudaStreamDestroy(st);
@@ -183,18 +189,10 @@ TEST(AllToAll, GraphCaptureReplay100) {
   AGREE_OR_FAIL(problem, "graph capture");
   for (int it = 0; it < 100; ++it) {
     const int m = static_cast<int>(case_seed(70000 + it) % (kM + 1));
-    try {
-      const Routing r = it % 4 == 3 ? Routing::kMasked : (it % 4 == 2 ? Routing::kOneExpert : Routing::kUniform);
-      const auto groups = make_inputs(cfg, r, m, case_seed(60000 + it));
-      b.upload(cfg, groups[cfg.rank / cfg.dp_size], st);
-      if (cudaGraphLaunch(exec, st) != cudaSuccess) problem = "graph launch failed";
-      if (cudaStreamSynchronize(st) != cudaSuccess) problem = "stream sync failed";
-      a2a.check();
-      if (problem.empty()) problem = check_dispatch(cfg, groups, b);
-      if (problem.empty()) problem = check_combine(cfg, groups, b);
-    } catch (const std::exception& e) {
-      problem = e.what();
-    }
+    const Routing r = it % 4 == 3 ? Routing::kMasked : (it % 4 == 2 ? Routing::kOneExpert : Routing::kUniform);
+    problem = checked_layer(a2a, cfg, b, r, m, case_seed(60000 + it), st, [&] {
+      return cudaGraphLaunch(exec, st) != cudaSuccess ? std::string("graph launch failed") : std::string();
+    });
     AGREE_OR_FAIL(problem, "graph replay " + std::to_string(it) + " m=" + std::to_string(m));
   }
   cudaGraphExecDestroy(exec);
@@ -232,18 +230,10 @@ TEST(AllToAll, LargeCallsLookBackHistogram) {
     for (int i = 0; i < 4; ++i) {
       const int m = ms[i];
       const Routing r = wide ? (i % 2 ? Routing::kMasked : Routing::kUniform) : routings[i];
-      std::string problem;
-      try {
-        const auto groups = make_inputs(cfg, r, m, case_seed(90000 + variant * 10 + i));
-        b.upload(cfg, groups[cfg.rank / cfg.dp_size], st);
+      const std::string problem = checked_layer(a2a, cfg, b, r, m, case_seed(90000 + variant * 10 + i), st, [&] {
         run_layer(a2a, cfg, b, m, i % 2 == 1, i == 3, st);
-        if (cudaStreamSynchronize(st) != cudaSuccess) problem = "stream sync failed";
-        a2a.check();
-        if (problem.empty()) problem = check_dispatch(cfg, groups, b);
-        if (problem.empty()) problem = check_combine(cfg, groups, b);
-      } catch (const std::exception& e) {
-        problem = e.what();
-      }
+        return std::string();
+      });
       AGREE_OR_FAIL(problem, describe(cfg, r, m));
     }
   }
