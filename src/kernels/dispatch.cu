@@ -388,11 +388,14 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
   const uint64_t* count_flag = sym_at<uint64_t>(p, p.off_dispatch_count_flag);
   // Issued before the waits so its latency hides behind them.
   const uint64_t my_base = threadIdx.x < W ? p.recv_base[threadIdx.x] : 0;
+  // Every thread of the block leaves together or not at all: a thread that left alone could leave
+  // the others waiting at a later __syncthreads. __syncthreads_or gives them one answer.
+  bool ok = true;
   for (int s = threadIdx.x; s < W; s += blockDim.x)
-    wait_flag(p, count_flag + s, seq, Cmp::kEq, kPhaseDispatchRecv, kWaitDispatchCounts, s, -1, seq);
-  __syncthreads();
+    ok &= wait_flag(p, count_flag + s, seq, Cmp::kEq, kPhaseDispatchRecv, kWaitDispatchCounts, s, -1, seq);
+  const bool stop = __syncthreads_or(!ok || (threadIdx.x == 0 && is_aborted(p)));
   EPKIT_STAGE(p, kStCountsArrived);
-  if (is_aborted(p)) return;
+  if (stop) return;
   // All threads read the count matrix at once (a per-source serial loop costs a round trip each).
   const int32_t* counts = sym_at<int32_t>(p, p.off_dispatch_counts);
   for (int i = threadIdx.x; i < W * (L + 1); i += blockDim.x) {
@@ -426,12 +429,13 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
   const uint64_t* recv_ctr = sym_at<uint64_t>(p, p.off_dispatch_recv_ctr);
   for (int s = threadIdx.x; s < W; s += blockDim.x)
     if (!(direct_self && s == me))  // our own slices are counted before this kernel ends, read by nobody
-      wait_flag(p, recv_ctr + s, (s == static_cast<int>(threadIdx.x) ? my_base : p.recv_base[s]) +
-                static_cast<uint64_t>(sm.nmsg[s]) * nsd, Cmp::kGe,
-                kPhaseDispatchRecv, kWaitDispatchData, s, -1, seq);
-  __syncthreads();
+      ok &= wait_flag(p, recv_ctr + s, (s == static_cast<int>(threadIdx.x) ? my_base : p.recv_base[s]) +
+                      static_cast<uint64_t>(sm.nmsg[s]) * nsd, Cmp::kGe,
+                      kPhaseDispatchRecv, kWaitDispatchData, s, -1, seq);
+  // Also the copy below must not start on a source whose data never came (its headers would be garbage).
+  const bool stop_data = __syncthreads_or(!ok || (threadIdx.x == 0 && is_aborted(p)));
   EPKIT_STAGE(p, kStDataArrived);
-  if (is_aborted(p)) return;
+  if (stop_data) return;
 
   const int total = sm.msg_off[W];
   const int payload_chunks = p.payload_bytes / 16;
