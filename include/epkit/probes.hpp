@@ -41,6 +41,12 @@ struct CopyProbeResult {
 // written with nvshmemx_putmem_on_stream + quiet instead. Empty samples with one rank.
 CopyProbeResult measure_copy_bandwidth(const Communicator& comm, const CopyProbeOptions& opt, cudaStream_t stream);
 
+// Collective. Every rank copies `bytes` between two buffers of its own device memory (cudaMemcpyAsync
+// device to device) at the same time: the device memory's copy rate, which bounds the kernels'
+// local work (the fan-out into expert_x, the expert-side reads of combine). A copy moves 2 x bytes
+// through memory (read + write). Ranks that share a GPU share its memory, as in a real run.
+CopyProbeResult measure_local_copy_bandwidth(const Communicator& comm, const CopyProbeOptions& opt, cudaStream_t stream);
+
 struct PingPongOptions {
   size_t bytes = 8;      // payload per put
   int round_trips = 200; // per timed kernel

@@ -43,6 +43,15 @@ struct SymmetricBuffer {
   ~SymmetricBuffer() { comm.symmetric_free(ptr); }
 };
 
+// Device allocation released on scope exit.
+struct DeviceBuffer {
+  void* ptr = nullptr;
+  explicit DeviceBuffer(size_t bytes) { cuda_check(cudaMalloc(&ptr, bytes), "cudaMalloc"); }
+  ~DeviceBuffer() { cudaFree(ptr); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+};
+
 // One warp. Rank `initiator` puts first and waits for the answer; the other waits, then answers.
 // The signal carries the round-trip number, so a late or lost put stalls instead of passing.
 __global__ void ping_pong_kernel(uint8_t* dst, const uint8_t* src, uint64_t* flag, size_t bytes, int peer,
@@ -149,6 +158,34 @@ CopyProbeResult measure_copy_bandwidth(const Communicator& comm, const CopyProbe
       nvshmemx_putmem_on_stream(dst.ptr, src.ptr, opt.bytes, r.peer, stream);
       nvshmemx_quiet_on_stream(stream);
     }
+  };
+  for (int i = 0; i < opt.warmup; ++i) copy();
+  EventPair ev;
+  for (int i = 0; i < opt.samples; ++i) {
+    comm.barrier_on_stream(stream);
+    cuda_check(cudaEventRecord(ev.start, stream), "cudaEventRecord");
+    copy();
+    cuda_check(cudaEventRecord(ev.stop, stream), "cudaEventRecord");
+    cuda_check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+    r.sample_us.push_back(ev.elapsed_us());
+  }
+  comm.barrier_on_stream(stream);
+  cuda_check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  return r;
+}
+
+CopyProbeResult measure_local_copy_bandwidth(const Communicator& comm, const CopyProbeOptions& opt,
+                                             cudaStream_t stream) {
+  EPKIT_CHECK(opt.bytes > 0, "measure_local_copy_bandwidth: bytes must be > 0");
+  EPKIT_CHECK(opt.samples >= 1, "measure_local_copy_bandwidth: samples ", opt.samples, " must be >= 1");
+  CopyProbeResult r;
+  r.bytes = opt.bytes;
+  r.peer = comm.rank();
+  r.method = "cudaMemcpyAsync device to device within each GPU, all ranks at once; bandwidth = 2 x bytes / time";
+  DeviceBuffer src(opt.bytes), dst(opt.bytes);
+  cuda_check(cudaMemsetAsync(src.ptr, 0x5a, opt.bytes, stream), "cudaMemsetAsync");
+  auto copy = [&] {
+    cuda_check(cudaMemcpyAsync(dst.ptr, src.ptr, opt.bytes, cudaMemcpyDeviceToDevice, stream), "cudaMemcpyAsync");
   };
   for (int i = 0; i < opt.warmup; ++i) copy();
   EventPair ev;

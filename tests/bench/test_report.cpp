@@ -16,6 +16,8 @@ Report sample_report() {
   r.ceilings.p2p_gbps = 393.5;
   r.ceilings.p2p_bytes = 256 << 20;
   r.ceilings.p2p_method = "cudaMemcpyAsync";
+  r.ceilings.hbm_copy_gbps = 4012.5;
+  r.ceilings.hbm_copy_bytes = 256 << 20;
   r.ceilings.launch_floor_blocks = 64;
   r.ceilings.empty_kernel_us_median = 4.5;
   r.ceilings.empty_one_warp_us_median = 4.25;  // flag_exchange left unmeasured: must print null
@@ -54,7 +56,8 @@ TEST(BenchReport, JsonHasRequiredFields) {
                           "\"p2p_gbps\": 393.5", "\"gpu\": \"NVIDIA H200\"", "\"git_commit\": \"abc\\\"def\"",
                           "\"note\": \"padded, \\\"grouped\\\"\"", "\"launch_floor_blocks\": 64",
                           "\"empty_kernel_us_median\": 4.5", "\"empty_one_warp_us_median\": 4.25",
-                          "\"flag_exchange_us_median\": null"}) {
+                          "\"flag_exchange_us_median\": null", "\"hbm_copy_gbps\": 4012.5",
+                          "\"hbm_copy_us_median\": null", "\"hbm_copy_bytes\": 268435456"}) {
     EXPECT_NE(j.find(key), std::string::npos) << key << "\n" << j;
   }
   EXPECT_EQ(j.find("nan"), std::string::npos);
@@ -86,8 +89,8 @@ TEST(BenchReport, CsvMatchesFieldList) {
   const auto& fields = row_fields();
   std::string expect_header;
   for (size_t i = 0; i < fields.size(); ++i) expect_header += (i ? "," : "") + std::string(fields[i].name);
-  EXPECT_EQ(header, expect_header + ",ceiling_p2p_gbps,ceiling_put_signal_us_median");
-  EXPECT_EQ(line1.substr(line1.size() - 7), ",393.5,") << line1;  // latency ceiling not measured: empty
+  EXPECT_EQ(header, expect_header + ",ceiling_p2p_gbps,ceiling_put_signal_us_median,ceiling_hbm_copy_gbps");
+  EXPECT_EQ(line1.substr(line1.size() - 14), ",393.5,,4012.5") << line1;  // latency ceiling not measured: empty
   EXPECT_EQ(line1.rfind("decode,128,2,epkit,", 0), 0u) << line1;
   EXPECT_NE(line1.find(",30.25,"), std::string::npos);
   EXPECT_NE(line1.find(",123456789,"), std::string::npos);

@@ -63,6 +63,13 @@ Ceilings measure_ceilings(const Communicator& comm, const Options& opt, cudaStre
     c.p2p_us_p99 = s.p99;
     c.p2p_gbps = gb_per_s(static_cast<double>(copy.bytes), s.median);
   }
+  const probes::CopyProbeResult hbm = probes::measure_local_copy_bandwidth(comm, copt, stream);
+  c.hbm_copy_method = hbm.method;
+  c.hbm_copy_bytes = static_cast<int64_t>(hbm.bytes);
+  if (!hbm.sample_us.empty()) {
+    c.hbm_copy_us_median = summarize_slowest(comm, hbm.sample_us).median;
+    c.hbm_copy_gbps = gb_per_s(2.0 * static_cast<double>(hbm.bytes), c.hbm_copy_us_median);
+  }
   const probes::PingPongResult pp = probes::measure_put_signal_latency(comm, probes::PingPongOptions{}, stream);
   c.put_signal_bytes = static_cast<int64_t>(pp.bytes);
   if (comm.world_size() < 2) {

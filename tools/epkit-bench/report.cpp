@@ -121,6 +121,10 @@ void write_json(std::ostream& os, const Report& r) {
      << ",\n    \"put_signal_us_p99\": " << json_value(c.put_signal_us_p99)
      << ",\n    \"put_signal_bytes\": " << c.put_signal_bytes
      << ",\n    \"put_signal_method\": " << json_quote(c.put_signal_method)
+     << ",\n    \"hbm_copy_gbps\": " << json_value(c.hbm_copy_gbps)
+     << ",\n    \"hbm_copy_us_median\": " << json_value(c.hbm_copy_us_median)
+     << ",\n    \"hbm_copy_bytes\": " << c.hbm_copy_bytes
+     << ",\n    \"hbm_copy_method\": " << json_quote(c.hbm_copy_method)
      << ",\n    \"launch_floor_blocks\": " << c.launch_floor_blocks
      << ",\n    \"empty_kernel_us_median\": " << json_value(c.empty_kernel_us_median)
      << ",\n    \"empty_one_warp_us_median\": " << json_value(c.empty_one_warp_us_median)
@@ -140,10 +144,11 @@ void write_csv(std::ostream& os, const Report& r) {
   // The row fields, then the run's ceilings repeated on every line so the file stands alone.
   const auto& fields = row_fields();
   for (size_t f = 0; f < fields.size(); ++f) os << (f ? "," : "") << fields[f].name;
-  os << ",ceiling_p2p_gbps,ceiling_put_signal_us_median\n";
+  os << ",ceiling_p2p_gbps,ceiling_put_signal_us_median,ceiling_hbm_copy_gbps\n";
   for (const Row& row : r.rows) {
     for (size_t f = 0; f < fields.size(); ++f) os << (f ? "," : "") << csv_cell(fields[f].get(row));
-    os << "," << number(r.ceilings.p2p_gbps) << "," << number(r.ceilings.put_signal_us_median) << "\n";
+    os << "," << number(r.ceilings.p2p_gbps) << "," << number(r.ceilings.put_signal_us_median) << ","
+       << number(r.ceilings.hbm_copy_gbps) << "\n";
   }
 }
 
@@ -151,7 +156,8 @@ void print_table(std::ostream& os, const Report& r) {
   const Ceilings& c = r.ceilings;
   os << "ceilings: P2P copy " << fixed(c.p2p_gbps, 1) << " GB/s per direction (" << c.p2p_method
      << "); put-with-signal one-way " << fixed(c.put_signal_us_median, 2) << " us median, "
-     << fixed(c.put_signal_us_p99, 2) << " us p99 (" << c.put_signal_method << ")\n";
+     << fixed(c.put_signal_us_p99, 2) << " us p99 (" << c.put_signal_method << "); device memory copy "
+     << fixed(c.hbm_copy_gbps, 1) << " GB/s read + write (" << c.hbm_copy_method << ")\n";
   os << "harness floor per timed call (" << c.launch_floor_blocks << " blocks x 512 threads): empty kernel "
      << fixed(c.empty_kernel_us_median, 2) << " us (1 x 32 threads: " << fixed(c.empty_one_warp_us_median, 2)
      << " us), one flag to and from every P2P peer "

@@ -73,6 +73,11 @@ struct Ceilings {
   double put_signal_us_p99 = kNotMeasured;
   int64_t put_signal_bytes = 0;
   std::string put_signal_method;
+  // Device memory: a local device-to-device copy on every rank at once; read + write bytes per second.
+  double hbm_copy_gbps = kNotMeasured;
+  double hbm_copy_us_median = kNotMeasured;
+  int64_t hbm_copy_bytes = 0;
+  std::string hbm_copy_method;
   // Harness floor of one timed call (barrier, event, kernel, event), library block shape.
   int launch_floor_blocks = 0;
   double empty_kernel_us_median = kNotMeasured;   // empty kernel
