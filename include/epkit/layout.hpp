@@ -40,9 +40,10 @@ struct SymmetricLayout {
   // Dispatch.
   size_t dispatch_recv = 0;      // [W][ceil(M/D)] messages, written by source ranks
   size_t dispatch_stage = 0;     // [ceil(M/D)] messages, staging for the portable path (local)
-  size_t dispatch_counts = 0;    // [W][L + 1] int32: per-(source, local expert) counts, then #messages
-  size_t dispatch_count_stage = 0; // [W][L + 1] int32 staging for the portable path
-  size_t dispatch_count_flag = 0;  // [W] uint64: seq of the call whose counts have landed
+  size_t dispatch_counts = 0;    // [W][L + 1] uint64: per-(source, local expert) counts, then #messages,
+                                 // each tagged with its call: (seq mod 2^32) << 32 | count
+  size_t dispatch_count_stage = 0; // [W][L + 1] uint64 staging for the portable path
+  size_t dispatch_count_flag = 0;  // [W] uint64: seq of the call whose counts have landed (portable path)
   size_t dispatch_recv_ctr = 0;    // [W] uint64: message slices landed from each source, cumulative
   // Combine.
   size_t weights_recv = 0;       // [W][ceil(M/D)][K] fp32: router weights of received messages

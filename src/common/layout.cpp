@@ -39,8 +39,8 @@ SymmetricLayout SymmetricLayout::make(const AllToAllConfig& c) {
   Carver cv;
   s.dispatch_recv = cv.take(W * S * s.msg.bytes);
   s.dispatch_stage = cv.take(S * s.msg.bytes);
-  s.dispatch_counts = cv.take(W * (L + 1) * sizeof(int32_t));
-  s.dispatch_count_stage = cv.take(W * (L + 1) * sizeof(int32_t));
+  s.dispatch_counts = cv.take(W * (L + 1) * sizeof(uint64_t));
+  s.dispatch_count_stage = cv.take(W * (L + 1) * sizeof(uint64_t));
   s.dispatch_count_flag = cv.take(W * sizeof(uint64_t));
   s.dispatch_recv_ctr = cv.take(W * sizeof(uint64_t));
   s.weights_recv = cv.take(W * S * K * sizeof(float));

@@ -29,6 +29,11 @@ __device__ __forceinline__ void fence_acq_rel_sys() { asm volatile("fence.acq_re
 __device__ __forceinline__ void st_relaxed_sys(uint64_t* p, uint64_t v) {
   asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
+__device__ __forceinline__ uint64_t ld_relaxed_sys(const uint64_t* p) {
+  uint64_t v;
+  asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
 __device__ __forceinline__ void red_release_sys_add(uint64_t* p, uint64_t v) {
   asm volatile("red.release.sys.global.add.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
@@ -90,7 +95,12 @@ static __device__ __noinline__ void signal_remote(uint64_t* sig, uint64_t value,
   nvshmemx_signal_op(sig, value, op, pe);
 }
 
-enum class Cmp { kEq, kGe };
+// kTag: the word's high 32 bits equal target (a tagged word, see wait_tagged).
+enum class Cmp { kEq, kGe, kTag };
+
+__device__ __forceinline__ bool flag_passes(uint64_t v, uint64_t target, Cmp cmp) {
+  return cmp == Cmp::kEq ? v == target : cmp == Cmp::kGe ? v >= target : (v >> 32) == target;
+}
 
 // The spinning part of wait_flag, out of line (see record_error).
 static __device__ __noinline__ bool wait_flag_slow(const CommParams& p, const uint64_t* flag, uint64_t target, Cmp cmp,
@@ -100,7 +110,7 @@ static __device__ __noinline__ bool wait_flag_slow(const CommParams& p, const ui
   uint32_t spins = 0;
   while (true) {
     const uint64_t v = ld_acquire_sys(flag);
-    if (cmp == Cmp::kEq ? v == target : v >= target) return true;
+    if (flag_passes(v, target, cmp)) return true;
     if ((++spins & 63) == 0) {
       if (is_aborted(p)) return false;
       if (global_timer_ns() - start > p.timeout_ns) {
@@ -119,8 +129,28 @@ static __device__ __noinline__ bool wait_flag_slow(const CommParams& p, const ui
 __device__ __forceinline__ bool wait_flag(const CommParams& p, const uint64_t* flag, uint64_t target, Cmp cmp,
                                           int32_t phase, int32_t what, int32_t peer, int32_t token, uint64_t seq) {
   const uint64_t v = ld_acquire_sys(flag);
-  if (cmp == Cmp::kEq ? v == target : v >= target) return true;
+  if (flag_passes(v, target, cmp)) return true;
   return wait_flag_slow(p, flag, target, cmp, phase, what, peer, token, seq);
+}
+
+// A tagged word: the low 32 bits of the call's seq, then a 32-bit value. A peer writes it with one
+// 8-byte store, so the word is its own arrival flag: the writer needs no release and the reader no
+// separate flag (and no second load after one). Calls of one object never overlap, so a word holds
+// this call's tag or the previous call's.
+__device__ __forceinline__ uint64_t tag_word(uint64_t seq, uint32_t value) {
+  return (seq << 32) | static_cast<uint64_t>(value);
+}
+// Spins until *word carries this call's tag and gives its value; on timeout or abort, as wait_flag.
+__device__ __forceinline__ bool wait_tagged(const CommParams& p, const uint64_t* word, uint64_t seq, uint32_t& value,
+                                            int32_t phase, int32_t what, int32_t peer) {
+  const uint64_t tag = seq & 0xffffffffull;
+  uint64_t v = ld_relaxed_sys(word);
+  if ((v >> 32) != tag) {
+    if (!wait_flag_slow(p, word, tag, Cmp::kTag, phase, what, peer, -1, seq)) return false;
+    v = ld_relaxed_sys(word);
+  }
+  value = static_cast<uint32_t>(v);
+  return true;
 }
 
 // m for this call: the host value, or the device value clamped to [0, min(M, rows)] (reported).

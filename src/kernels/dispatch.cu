@@ -231,15 +231,17 @@ __device__ bool dispatch_send(const CommParams& p, const DispatchIO& io, uint64_
   const bool writes_counts = !lookback || blockIdx.x == gridDim.x - 1;
   for (int d = gw; writes_counts && d < W; d += nw) {
     uint8_t* pb = peer_base(p, d);
-    int32_t* dst = pb ? reinterpret_cast<int32_t*>(pb + p.off_dispatch_counts) + static_cast<size_t>(me) * (L + 1)
-                      : sym_at<int32_t>(p, p.off_dispatch_count_stage) + static_cast<size_t>(d) * (L + 1);
-    for (int el = lane; el < L; el += kWarpSize) dst[el] = sm.cnt_total[d * L + el];
-    if (lane == 0) dst[L] = sm.dst_total[d];
+    // Tagged words (device_common.cuh): a P2P receiver reads each as soon as it lands, while the
+    // data is still on its way; a portable one after the put's signal.
+    uint64_t* dst = pb ? reinterpret_cast<uint64_t*>(pb + p.off_dispatch_counts) + static_cast<size_t>(me) * (L + 1)
+                       : sym_at<uint64_t>(p, p.off_dispatch_count_stage) + static_cast<size_t>(d) * (L + 1);
+    for (int el = lane; el < L; el += kWarpSize) st_relaxed_sys(dst + el, tag_word(seq, sm.cnt_total[d * L + el]));
+    if (lane == 0) st_relaxed_sys(dst + L, tag_word(seq, sm.dst_total[d]));
     __syncwarp();
-    if (!pb) {  // direct-store peers get their count flag with the data, at the end of this block
+    if (!pb) {
       __threadfence();
-      put_signal_warp(sym_at<int32_t>(p, p.off_dispatch_counts) + static_cast<size_t>(me) * (L + 1),
-                                      dst, (L + 1) * sizeof(int32_t),
+      put_signal_warp(sym_at<uint64_t>(p, p.off_dispatch_counts) + static_cast<size_t>(me) * (L + 1),
+                                      dst, (L + 1) * sizeof(uint64_t),
                                       sym_at<uint64_t>(p, p.off_dispatch_count_flag) + me, seq, NVSHMEM_SIGNAL_SET, d);
     }
   }
@@ -358,10 +360,10 @@ __device__ bool dispatch_send(const CommParams& p, const DispatchIO& io, uint64_
     }
     __syncthreads();
   }
-  __syncthreads();  // also when this block had no tokens: its count stores precede the release
+  __syncthreads();  // also when this block had no tokens
   // One release per destination publishes everything this block stored there: the bar.sync above
   // orders the other threads' stores before it, and release semantics are cumulative, so no
-  // separate system fence is needed. The count flag goes last from the block that wrote the counts.
+  // separate system fence is needed. (The counts are tagged words and need no release.)
   for (int d = threadIdx.x; d < W; d += blockDim.x) {
     uint8_t* pb = peer_base(p, d);
     if (pb == nullptr) {
@@ -372,8 +374,6 @@ __device__ bool dispatch_send(const CommParams& p, const DispatchIO& io, uint64_
     if (sm.blk_sent[d] > 0)
       red_release_sys_add(reinterpret_cast<uint64_t*>(pb + p.off_dispatch_recv_ctr) + me,
                           static_cast<uint64_t>(sm.blk_sent[d]));
-    if (lookback ? writes_counts : (d % nw) / kWarps == static_cast<int>(blockIdx.x))  // wrote d's counts
-      st_release_sys(reinterpret_cast<uint64_t*>(pb + p.off_dispatch_count_flag) + me, seq);
   }
   EPKIT_STAGE(p, kStSendDone);
   return direct_self;
@@ -390,20 +390,21 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
   const uint64_t my_base = threadIdx.x < W ? p.recv_base[threadIdx.x] : 0;
   // Every thread of the block leaves together or not at all: a thread that left alone could leave
   // the others waiting at a later __syncthreads. __syncthreads_or gives them one answer.
+  // All threads read the count matrix at once, each word as soon as it carries this call's tag
+  // (portable sources: after their put's signal).
   bool ok = true;
-  for (int s = threadIdx.x; s < W; s += blockDim.x)
-    ok &= wait_flag(p, count_flag + s, seq, Cmp::kEq, kPhaseDispatchRecv, kWaitDispatchCounts, s, -1, seq);
+  const uint64_t* counts = sym_at<uint64_t>(p, p.off_dispatch_counts);
+  for (int i = threadIdx.x; i < W * (L + 1); i += blockDim.x) {
+    const int s = i / (L + 1), el = i % (L + 1);
+    uint32_t v = 0;
+    if (peer_base(p, s) == nullptr)
+      ok = ok && wait_flag(p, count_flag + s, seq, Cmp::kEq, kPhaseDispatchRecv, kWaitDispatchCounts, s, -1, seq);
+    ok = ok && wait_tagged(p, counts + i, seq, v, kPhaseDispatchRecv, kWaitDispatchCounts, s);
+    if (el < L) sm.cnt[s * L + el] = static_cast<int>(v); else sm.nmsg[s] = static_cast<int>(v);
+  }
   const bool stop = __syncthreads_or(!ok || (threadIdx.x == 0 && is_aborted(p)));
   EPKIT_STAGE(p, kStCountsArrived);
   if (stop) return;
-  // All threads read the count matrix at once (a per-source serial loop costs a round trip each).
-  const int32_t* counts = sym_at<int32_t>(p, p.off_dispatch_counts);
-  for (int i = threadIdx.x; i < W * (L + 1); i += blockDim.x) {
-    const int s = i / (L + 1), el = i % (L + 1);
-    const int v = __ldcg(counts + i);
-    if (el < L) sm.cnt[s * L + el] = v; else sm.nmsg[s] = v;
-  }
-  __syncthreads();
   // Each local expert's run: our own tokens first, then the other sources in rank order after us
   // (me + 1, ..., W - 1, 0, ..., me - 1), one contiguous run per source.
   for (int el = threadIdx.x; el < L; el += blockDim.x) {

@@ -52,7 +52,7 @@ std::vector<std::pair<size_t, size_t>> regions(const AllToAllConfig& c) {
   const size_t W = c.world_size, L = c.num_experts / W, K = c.experts_per_token, M = c.max_tokens_per_rank;
   const size_t S = (M + c.dp_size - 1) / c.dp_size, out = c.hidden * 2;
   return {{s.dispatch_recv, W * S * s.msg.bytes},  {s.dispatch_stage, S * s.msg.bytes},
-          {s.dispatch_counts, W * (L + 1) * 4},    {s.dispatch_count_stage, W * (L + 1) * 4},
+          {s.dispatch_counts, W * (L + 1) * 8},    {s.dispatch_count_stage, W * (L + 1) * 8},
           {s.dispatch_count_flag, W * 8},          {s.dispatch_recv_ctr, W * 8},
           {s.weights_recv, W * S * K * 4},         {s.weights_stage, S * K * 4},
           {s.weights_recv_ctr, W * 8},             {s.combine_recv, W * M * out},
