@@ -46,9 +46,10 @@ struct SymmetricLayout {
   size_t dispatch_count_flag = 0;  // [W] uint64: seq of the call whose counts have landed (portable path)
   size_t dispatch_recv_ctr = 0;    // [W] uint64: message slices landed from each source, cumulative
   // Combine.
-  size_t weights_recv = 0;       // [W][ceil(M/D)][K] fp32: router weights of received messages
-  size_t weights_stage = 0;      // [ceil(M/D)][K] fp32 staging for the portable path
-  size_t weights_recv_ctr = 0;   // [W] uint64: weight rows landed from each source, cumulative
+  size_t weights_recv = 0;       // [W][ceil(M/D)][K] uint64: router weights of received messages, each
+                                 // tagged with its call: (seq mod 2^32) << 32 | fp32 bits
+  size_t weights_stage = 0;      // [ceil(M/D)][K] uint64 staging for the portable path
+  size_t weights_recv_ctr = 0;   // [W] uint64: weight rows landed from each portable source, cumulative
   size_t combine_recv = 0;       // [W][M][H] out dtype: one partial per (source rank, token)
   size_t combine_stage = 0;      // [W * ceil(M/D)][H] out dtype: partial staging for the portable path
   size_t combine_slices = 0;     // ceil(H * sizeof(out dtype) / kSliceBytes)

@@ -43,8 +43,8 @@ SymmetricLayout SymmetricLayout::make(const AllToAllConfig& c) {
   s.dispatch_count_stage = cv.take(W * (L + 1) * sizeof(uint64_t));
   s.dispatch_count_flag = cv.take(W * sizeof(uint64_t));
   s.dispatch_recv_ctr = cv.take(W * sizeof(uint64_t));
-  s.weights_recv = cv.take(W * S * K * sizeof(float));
-  s.weights_stage = cv.take(S * K * sizeof(float));
+  s.weights_recv = cv.take(W * S * K * sizeof(uint64_t));
+  s.weights_stage = cv.take(S * K * sizeof(uint64_t));
   s.weights_recv_ctr = cv.take(W * sizeof(uint64_t));
   s.combine_recv = cv.take(W * M * out_row);
   s.combine_stage = cv.take(W * S * out_row);

@@ -109,7 +109,6 @@ struct PendingFlags {
 struct CombineSmem {
   int* nmsg;      // [W]
   int* msg_off;   // [W + 1] prefix of nmsg; then the largest nmsg
-  int* blk_sent;  // [W]
 };
 
 constexpr int kUnroll = 4;                          // 8-element chunks per lane per slice
@@ -123,20 +122,19 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
   const int me = p.rank, gi = me % D, nsc = p.combine_slices;
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
   const int gw = blockIdx.x * kWarps + warp, nw = gridDim.x * kWarps;
-  CombineSmem sm{smem, smem + W, smem + 2 * W + 2};
+  CombineSmem sm{smem, smem + W};
 
   EPKIT_STAGE(p, kStCombineStart);
-  for (int x = threadIdx.x; x < W; x += blockDim.x) sm.blk_sent[x] = 0;
-  __syncthreads();
-
-  // Router weights of our own tokens to every rank we dispatched them to, into the same slot.
+  // Router weights of our own tokens to every rank we dispatched them to, into the same slot, as
+  // tagged words (device_common.cuh): a P2P receiver reads each as it lands, with no counter and no
+  // release; a portable one after its put's signal.
   // Reported by dispatch_send only: one bad m is one error, not one per kernel of the layer.
   const int m = resolve_num_tokens(p, io.m, kPhaseCombineSend, seq, false);
   const int n_own = p.weights_at_dispatch ? 0 : num_own_tokens(p, m);  // dispatch carried the weights
   for (int u = gw; u < n_own; u += nw) {
     const int t = u * D + gi;
-    const float w = lane < K ? io.topk_weights[static_cast<size_t>(t) * K + lane] : 0.f;
-    float* stage = sym_at<float>(p, p.off_weights_stage) + static_cast<size_t>(u) * K;
+    const uint64_t w = tag_word(seq, lane < K ? __float_as_uint(io.topk_weights[static_cast<size_t>(t) * K + lane]) : 0u);
+    uint64_t* stage = sym_at<uint64_t>(p, p.off_weights_stage) + static_cast<size_t>(u) * K;
     bool staged = false;
     for (int base = 0; base < W; base += kWarpSize) {
       const int x = base + lane;
@@ -145,10 +143,9 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
         const int src_lane = __ffs(mask) - 1;
         const int d = base + src_lane;
         const int jd = __shfl_sync(0xffffffffu, j, src_lane);
-        const size_t off = p.off_weights_recv + ((static_cast<size_t>(me) * S + jd) * K) * sizeof(float);
+        const size_t off = p.off_weights_recv + ((static_cast<size_t>(me) * S + jd) * K) * sizeof(uint64_t);
         if (uint8_t* pb = peer_base(p, d)) {
-          if (lane < K) reinterpret_cast<float*>(pb + off)[lane] = w;
-          if (lane == 0) atomicAdd(&sm.blk_sent[d], 1);
+          if (lane < K) st_relaxed_sys(reinterpret_cast<uint64_t*>(pb + off) + lane, w);
         } else {
           if (!staged) {
             if (lane < K) stage[lane] = w;
@@ -156,26 +153,20 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
             __threadfence();
             staged = true;
           }
-          put_signal_warp(p.sym + off, stage, K * sizeof(float),
+          put_signal_warp(p.sym + off, stage, K * sizeof(uint64_t),
                                           sym_at<uint64_t>(p, p.off_weights_recv_ctr) + me, 1, NVSHMEM_SIGNAL_ADD, d);
         }
       }
     }
   }
-  __syncthreads();
-  for (int d = threadIdx.x; d < W; d += blockDim.x) {
-    if (sm.blk_sent[d] > 0) {  // bar.sync + a cumulative release: no separate system fence
-      red_release_sys_add(reinterpret_cast<uint64_t*>(peer_base(p, d) + p.off_weights_recv_ctr) + me,
-                          static_cast<uint64_t>(sm.blk_sent[d]));
-    }
-  }
 
   EPKIT_STAGE(p, kStWeightsSent);
-  // Wait for the weights of every message we received in the matching dispatch.
+  // Portable sources: wait for the weights of every message we received from them in the matching
+  // dispatch. P2P sources' weights are read below, each as it lands.
   const uint64_t* wctr = sym_at<uint64_t>(p, p.off_weights_recv_ctr);
   for (int s = threadIdx.x; s < W; s += blockDim.x) {
     sm.nmsg[s] = p.num_msgs[s];
-    if (!p.weights_at_dispatch)
+    if (!p.weights_at_dispatch && peer_base(p, s) == nullptr)
       wait_flag(p, wctr + s, p.weights_base[s] + sm.nmsg[s], Cmp::kGe, kPhaseCombineSend, kWaitWeights, s, -1, seq);
   }
   __syncthreads();
@@ -198,7 +189,7 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
   const int span = kLarge ? W * sm.msg_off[W + 1] : sm.msg_off[W];
   const int chunks = H / 8;
   const size_t out_row = p.out_row_bytes;
-  const float* wrecv = sym_at<float>(p, p.off_weights_recv);
+  const uint64_t* wrecv = sym_at<uint64_t>(p, p.off_weights_recv);
   const Tin* y = static_cast<const Tin*>(io.expert_y);
   PendingFlags flags;
   for (int q = gw; q < span * nsc; q += nw) {
@@ -214,7 +205,9 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
     const int32_t* map = p.recv_map + msg * (K + 1);
     const int t = map[0];
     const int slot = lane < K ? map[1 + lane] : -1;
-    const float wk = lane < K ? __ldcg(wrecv + msg * K + lane) : 0.f;
+    uint32_t wbits = 0;  // on a timeout the error is recorded and the layer fails; the weight stays 0
+    if (lane < K) wait_tagged(p, wrecv + msg * K + lane, seq, wbits, kPhaseCombineSend, kWaitWeights, s);
+    const float wk = __uint_as_float(wbits);
     float acc[kUnroll][8];
 #pragma unroll
     for (int qq = 0; qq < kUnroll; ++qq)
@@ -471,7 +464,7 @@ cudaError_t launch_out(const CommParams& p, const CombineIO& io, DType in, bool 
 
 }  // namespace
 
-size_t combine_smem_bytes(int world_size) { return (3 * static_cast<size_t>(world_size) + 2) * sizeof(int); }
+size_t combine_smem_bytes(int world_size) { return (2 * static_cast<size_t>(world_size) + 2) * sizeof(int); }
 
 int combine_units(int world_size, int max_msgs_per_src, int max_tokens, int slices) {
   const int send = world_size * max_msgs_per_src * slices, recv = max_tokens * slices;

@@ -122,7 +122,8 @@ __device__ __forceinline__ void store_slice_to_slots(const CommParams& p, const 
 // like the other paths small calls rarely take.
 static_assert(kUnroll == 4, "write_own takes the slice as four int4 values");
 static __device__ __noinline__ void write_own(const CommParams& p, const DispatchIO& io, int4 v0, int4 v1, int4 v2,
-                                              int4 v3, int slot, int sl, int t, int msg, const float* src_scale) {
+                                              int4 v3, int slot, int sl, int t, int msg, const float* src_scale,
+                                              uint64_t seq) {
   const int K = p.topk, lane = threadIdx.x % kWarpSize;
   const int4 v[kUnroll] = {v0, v1, v2, v3};  // by value: a reference would put the caller's slice on the stack
   int slots[kMaxTopK];
@@ -138,8 +139,8 @@ static __device__ __noinline__ void write_own(const CommParams& p, const Dispatc
   if (lane == 0) map[0] = t;
   if (lane < K) map[1 + lane] = slot;
   if (p.weights_at_dispatch && lane < K)  // where combine_send would otherwise receive them
-    sym_at<float>(p, p.off_weights_recv)[static_cast<size_t>(msg) * K + lane] =
-        io.topk_weights[static_cast<size_t>(t) * K + lane];
+    sym_at<uint64_t>(p, p.off_weights_recv)[static_cast<size_t>(msg) * K + lane] =
+        tag_word(seq, __float_as_uint(io.topk_weights[static_cast<size_t>(t) * K + lane]));
 }
 
 // direct_self (large calls of the fused kernel): our own tokens' slices go straight into expert_x
@@ -337,7 +338,7 @@ __device__ bool dispatch_send(const CommParams& p, const DispatchIO& io, uint64_
             const int rk = sm.tok_rk[ui * K + lane];
             slot = rk < p.capacity ? (e - me * L) * p.capacity + rk : -1;
           }
-          write_own(p, io, v[0], v[1], v[2], v[3], slot, sl, t, me * S + jd, src_scale);
+          write_own(p, io, v[0], v[1], v[2], v[3], slot, sl, t, me * S + jd, src_scale, seq);
           if (lane == 0) atomicAdd(&sm.blk_sent[rd], 1);
         } else if (uint8_t* pb = peer_base(p, rd)) {
           write_slice(pb + slot_off);
@@ -477,8 +478,8 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
       if (lane == 0) map[0] = __ldcg(hdr);
       if (lane < K) map[1 + lane] = slot;
       if (p.weights_at_dispatch && lane < K)  // where combine_send would otherwise receive them
-        sym_at<float>(p, p.off_weights_recv)[(static_cast<size_t>(s) * S + j) * K + lane] =
-            __int_as_float(__ldcg(hdr + 4 + 2 * K + lane));
+        sym_at<uint64_t>(p, p.off_weights_recv)[(static_cast<size_t>(s) * S + j) * K + lane] =
+            tag_word(seq, static_cast<uint32_t>(__ldcg(hdr + 4 + 2 * K + lane)));
     }
     int slots[kMaxTopK];
     store_slice_to_slots(p, io, v, slot, sl, lane, payload_chunks, slots);

@@ -54,7 +54,7 @@ std::vector<std::pair<size_t, size_t>> regions(const AllToAllConfig& c) {
   return {{s.dispatch_recv, W * S * s.msg.bytes},  {s.dispatch_stage, S * s.msg.bytes},
           {s.dispatch_counts, W * (L + 1) * 8},    {s.dispatch_count_stage, W * (L + 1) * 8},
           {s.dispatch_count_flag, W * 8},          {s.dispatch_recv_ctr, W * 8},
-          {s.weights_recv, W * S * K * 4},         {s.weights_stage, S * K * 4},
+          {s.weights_recv, W * S * K * 8},         {s.weights_stage, S * K * 8},
           {s.weights_recv_ctr, W * 8},             {s.combine_recv, W * M * out},
           {s.combine_stage, W * S * out},          {s.combine_flag, W * M * ((out + 2047) / 2048) * 8},
           {s.barrier_flag, W * 8}};
