@@ -411,6 +411,8 @@ __device__ void finish_layer(const CommParams& p, uint64_t seq, const LayerTail&
   __syncthreads();
   if (!last_block) return;
   // Dispatch arrival counts slices, weights arrival counts rows: both bases advance per message.
+  // Only portable sources' weight counters move (P2P weights are tagged words); their bases advance
+  // for every source anyway, unread for P2P ones, so that no peer lookup joins the layer's tail.
   for (int s = threadIdx.x; s < p.world_size; s += blockDim.x) {
     const bool mine = s == static_cast<int>(threadIdx.x);  // preloaded
     const uint64_t n = static_cast<uint64_t>(mine ? tail.num_msgs : p.num_msgs[s]);

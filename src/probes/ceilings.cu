@@ -134,6 +134,30 @@ std::string nvshmem_version() {
   return std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(patch);
 }
 
+namespace {
+
+// opt.warmup untimed calls of copy, then opt.samples timed ones, each after an on-stream barrier
+// so that every rank copies at the same time; per-sample microseconds (CUDA events).
+template <typename Copy>
+std::vector<double> time_copies(const Communicator& comm, const CopyProbeOptions& opt, cudaStream_t stream, Copy copy) {
+  for (int i = 0; i < opt.warmup; ++i) copy();
+  std::vector<double> us;
+  EventPair ev;
+  for (int i = 0; i < opt.samples; ++i) {
+    comm.barrier_on_stream(stream);
+    cuda_check(cudaEventRecord(ev.start, stream), "cudaEventRecord");
+    copy();
+    cuda_check(cudaEventRecord(ev.stop, stream), "cudaEventRecord");
+    cuda_check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+    us.push_back(ev.elapsed_us());
+  }
+  comm.barrier_on_stream(stream);
+  cuda_check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  return us;
+}
+
+}  // namespace
+
 CopyProbeResult measure_copy_bandwidth(const Communicator& comm, const CopyProbeOptions& opt, cudaStream_t stream) {
   EPKIT_CHECK(opt.bytes > 0, "measure_copy_bandwidth: bytes must be > 0");
   EPKIT_CHECK(opt.samples >= 1, "measure_copy_bandwidth: samples ", opt.samples, " must be >= 1");
@@ -159,18 +183,7 @@ CopyProbeResult measure_copy_bandwidth(const Communicator& comm, const CopyProbe
       nvshmemx_quiet_on_stream(stream);
     }
   };
-  for (int i = 0; i < opt.warmup; ++i) copy();
-  EventPair ev;
-  for (int i = 0; i < opt.samples; ++i) {
-    comm.barrier_on_stream(stream);
-    cuda_check(cudaEventRecord(ev.start, stream), "cudaEventRecord");
-    copy();
-    cuda_check(cudaEventRecord(ev.stop, stream), "cudaEventRecord");
-    cuda_check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
-    r.sample_us.push_back(ev.elapsed_us());
-  }
-  comm.barrier_on_stream(stream);
-  cuda_check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  r.sample_us = time_copies(comm, opt, stream, copy);
   return r;
 }
 
@@ -187,18 +200,7 @@ CopyProbeResult measure_local_copy_bandwidth(const Communicator& comm, const Cop
   auto copy = [&] {
     cuda_check(cudaMemcpyAsync(dst.ptr, src.ptr, opt.bytes, cudaMemcpyDeviceToDevice, stream), "cudaMemcpyAsync");
   };
-  for (int i = 0; i < opt.warmup; ++i) copy();
-  EventPair ev;
-  for (int i = 0; i < opt.samples; ++i) {
-    comm.barrier_on_stream(stream);
-    cuda_check(cudaEventRecord(ev.start, stream), "cudaEventRecord");
-    copy();
-    cuda_check(cudaEventRecord(ev.stop, stream), "cudaEventRecord");
-    cuda_check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
-    r.sample_us.push_back(ev.elapsed_us());
-  }
-  comm.barrier_on_stream(stream);
-  cuda_check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  r.sample_us = time_copies(comm, opt, stream, copy);
   return r;
 }
 
