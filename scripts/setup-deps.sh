@@ -4,6 +4,9 @@
 #   or python3's nvidia.nvshmem already provides it.
 # - GoogleTest: Debian's googletest sources (apt) where apt works; a copy goes to .deps/googletest so
 #   machines without apt (the GPU box) can build it from the carried tree.
+# - CUTLASS headers: the pinned PyPI package nvidia-cutlass==4.2.0.0 (headers under
+#   cutlass_library/source/include), installed with --no-deps into .deps/cutlass-py. Its wheel is
+#   kept in .deps/wheels/ so that a machine without a registry (the GPU box) installs it from there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 NVSHMEM_PIN="nvidia-nvshmem-cu13==3.4.5"
@@ -31,6 +34,18 @@ if [ ! -f .deps/googletest/CMakeLists.txt ]; then
   fi
 fi
 [ -f .deps/googletest/CMakeLists.txt ] || { echo "[deps] GoogleTest sources not found and apt unavailable" >&2; exit 1; }
+CUTLASS_PIN="nvidia-cutlass==4.2.0.0"
+CUTLASS_WHEEL=".deps/wheels/nvidia_cutlass-4.2.0.0-py3-none-any.whl"
+if [ ! -f .deps/cutlass/include/cutlass/cutlass.h ]; then
+  if [ ! -f "$CUTLASS_WHEEL" ]; then
+    echo "[deps] downloading $CUTLASS_PIN into .deps/wheels/"
+    python3 -m pip download -q --no-deps -d .deps/wheels "$CUTLASS_PIN"
+  fi
+  echo "[deps] installing $CUTLASS_PIN (headers) into .deps/cutlass-py"
+  python3 -m pip install -q --no-deps --no-index --no-compile --target .deps/cutlass-py "$CUTLASS_WHEEL"
+  ln -sfn cutlass-py/cutlass_library/source .deps/cutlass  # relative: the tree may move
+fi
+[ -f .deps/cutlass/include/cutlass/cutlass.h ] || { echo "[deps] CUTLASS headers not found after install" >&2; exit 1; }
 # nanobind (pinned) for the Python extension; the build enables it wherever nanobind imports.
 if ! python3 -c "import nanobind" >/dev/null 2>&1; then
   echo "[deps] installing nanobind==2.9.2"
