@@ -18,6 +18,14 @@ const char* dtype_name(DType t);
 // Inverse of dtype_name; also accepts "fp8". Throws epkit::Error on an unknown name.
 DType parse_dtype(std::string_view name);
 
+// How the rows of each local expert lie in expert-major tensors (dispatch's expert_x, combine's
+// expert_y, the grouped GEMM's operands). Counts and offsets live on the device.
+enum class ExpertLayout : int32_t {
+  kMasked = 0,  // [L, capacity, ...]: expert e's rows are e * capacity + [0, count[e])
+  kPacked = 1,  // [R, ...]: expert e's rows are offset[e] + [0, count[e]), offsets [L + 1] aligned to a row multiple
+};
+const char* layout_name(ExpertLayout l);  // "masked" / "packed"
+
 // Elements per FP8 block scale (one fp32 scale per kScaleBlock elements of hidden).
 inline constexpr int kScaleBlock = 128;
 // Largest experts_per_token the kernels support.

@@ -40,6 +40,14 @@ DType parse_dtype(std::string_view n) {
   EPKIT_FAIL("unknown dtype '", n, "' (expected bf16, fp16, fp32, fp8_e4m3, int32, int64, uint32 or uint8)");
 }
 
+const char* layout_name(ExpertLayout l) {
+  switch (l) {
+    case ExpertLayout::kMasked: return "masked";
+    case ExpertLayout::kPacked: return "packed";
+  }
+  return "unknown";
+}
+
 std::string Tensor::shape_str() const {
   std::string s = "[";
   for (int i = 0; i < ndim; ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
