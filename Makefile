@@ -5,7 +5,7 @@ JOBS ?= $(shell nproc)
 CMAKE_ARGS ?= $(shell python3 -c "import nanobind" >/dev/null 2>&1 && echo -DEPKIT_BUILD_PYTHON=ON)
 NGPUS := $(shell nvidia-smi -L 2>/dev/null | grep -c '^GPU')
 
-.PHONY: all deps configure build test test-cpu test-gpu bench clean
+.PHONY: all deps configure build test test-cpu test-gpu stress bench clean
 
 all: build
 
@@ -23,6 +23,11 @@ build: configure
 # Whole suite: CPU tests everywhere, GPU tests where GPUs exist (else a loud skip), Python where it can.
 test: build
 	@bash scripts/run-tests.sh $(BUILD)
+
+# The long runs `make test` leaves out (ctest label stress, pytest marker stress): the 10,000-iteration
+# stress test, world size 8 in full, the benchmark with full samples. Needs a GPU; takes longer.
+stress: build
+	@bash scripts/run-tests.sh $(BUILD) --stress
 
 test-cpu: build
 	cd $(BUILD) && ctest -L cpu --output-on-failure
