@@ -6,11 +6,13 @@ mutated arguments, the calls stay in the graph (fullgraph=True works) and keep t
 those outputs. They are used only while Dynamo traces (compiling()); eager calls go straight to the
 extension. An AllToAll object reaches the op as an integer id, since ops take no Python objects.
 
-Where this torch cannot register them, the calls are marked not_traced instead: compiled code then
-breaks its graph at each call and runs the call eagerly.
+Where this torch cannot register them, or with EPKIT_TORCH_OPS=0 (or use_ops = False before
+compiling), the calls are marked not_traced instead: compiled code then breaks its graph at each
+call and runs the call eagerly.
 """
 
 import itertools
+import os
 import weakref
 from typing import Optional
 
@@ -84,6 +86,10 @@ except Exception as e:  # noqa: BLE001 - any failure means: fall back to graph b
     UNAVAILABLE = f"{type(e).__name__}: {e}"
 
 
+# Whether compiled code calls the custom ops (True) or breaks its graph at each call (False).
+use_ops = os.environ.get("EPKIT_TORCH_OPS", "1") != "0"
+
+
 def compiling() -> bool:
-    """True while Dynamo traces and the custom ops exist: calls should go through them."""
-    return dispatch is not None and _is_compiling()
+    """True while Dynamo traces and the custom ops are in use: calls should go through them."""
+    return use_ops and dispatch is not None and _is_compiling()

@@ -441,9 +441,10 @@ COMPILE_CASES = [
 
 
 def torch_compile(rank, world_size, dp_size):
-    """torch.compile(ata.dispatch) / torch.compile(ata.combine): first with graph breaks allowed (must
-    run correctly), then fullgraph=True (Dynamo must trace each call whole: the custom ops of
-    epkit._ops). Every layer is checked against the reference."""
+    """torch.compile(ata.dispatch) / torch.compile(ata.combine), in two passes: (1) the fallback, each
+    call a graph break run eagerly (epkit._ops.use_ops = False), which must run correctly; (2) the
+    default, the calls traced as the custom ops of epkit._ops, with fullgraph=True (no graph break
+    allowed). Every layer is checked against the reference."""
     import torch._dynamo
     for name in ("cache_size_limit", "recompile_limit", "accumulated_cache_size_limit", "accumulated_recompile_limit"):
         if hasattr(torch._dynamo.config, name):
@@ -453,21 +454,25 @@ def torch_compile(rank, world_size, dp_size):
         inductor_config.compile_threads = 1  # no worker pool per rank: these graphs hold one op
     except (ImportError, AttributeError):
         pass
-    for fullgraph in (False, True):
+    default_use_ops = epkit._ops.use_ops
+    passed = []
+    for label, use_ops, fullgraph in (("graph breaks", False, False), ("custom ops, fullgraph=True", True, True)):
         torch._dynamo.reset()
+        epkit._ops.use_ops = use_ops
         try:
             for i, (d, cin, cout, variants) in enumerate(COMPILE_CASES):
                 p = combo_problem(world_size, dp_size, d, cin, cout)
                 ata = pplx_all_to_all(p, rank)
                 compiled = _Compiled(ata, fullgraph)
                 for j, variant in enumerate(variants):
-                    tag = (f"torch.compile(fullgraph={fullgraph}) dp_x {dname(d)} expert_y {dname(cin)} "
+                    tag = (f"torch.compile ({label}) dp_x {dname(d)} expert_y {dname(cin)} "
                            f"out_tokens {dname(cout)} {variant} rank={rank}")
                     compat_round(compiled, p, rank, seed=700 + 10 * i + j, variant=variant, rtol=RTOL_OUT[cout],
                                  tag=tag)
                 ata.destroy()
         except Exception as e:
-            if not fullgraph:
-                raise
-            raise AssertionError(f"rank {rank}: torch.compile with graph breaks passed; fullgraph=True failed "
-                                 f"(custom ops: {epkit._ops.UNAVAILABLE or 'registered'}): {type(e).__name__}: {e}") from e
+            raise AssertionError(f"rank {rank}: torch.compile, {label}: {type(e).__name__}: {e} (passed before it: "
+                                 f"{passed or 'none'}; custom ops: {epkit._ops.UNAVAILABLE or 'registered'})") from e
+        finally:
+            epkit._ops.use_ops = default_use_ops
+        passed.append(label)

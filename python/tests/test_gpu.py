@@ -31,7 +31,8 @@ def test_cuda_graph_capture(world_size, dp_size):
 
 @pytest.mark.parametrize("world_size,dp_size", [(2, 1)])
 def test_torch_compile(world_size, dp_size):
-    """torch.compile(ata.dispatch) and torch.compile(ata.combine), with graph breaks and fullgraph=True."""
+    """torch.compile(ata.dispatch) and torch.compile(ata.combine): the graph-break fallback, then the
+    custom ops with fullgraph=True."""
     from _cases import torch_compile
     run_ranks(torch_compile, world_size, dp_size)
 
