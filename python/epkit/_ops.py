@@ -41,6 +41,11 @@ def _get(i: int):
     return obj
 
 
+def tracing() -> bool:
+    """True while Dynamo traces (torch.compile)."""
+    return _is_compiling()
+
+
 def _is_compiling() -> bool:
     c = getattr(torch, "compiler", None)
     if c is not None and hasattr(c, "is_compiling"):

@@ -126,20 +126,23 @@ class ExpertAllToAll:
     # -- dispatch --------------------------------------------------------------------------------
     def _dispatch(self, mode, x, topk_idx, x_scale, num_tokens, out: DispatchOutput, topk_weights):
         m, m_dev = _num_tokens(num_tokens, topk_idx)
+        args = (mode, x, x_scale, topk_idx, m, m_dev, out.expert_x, out.expert_x_scale, out.expert_num_tokens,
+                topk_weights)
         if _ops.compiling():
-            _ops.dispatch(self._op_id, mode, x, x_scale, topk_idx, m, m_dev, out.expert_x, out.expert_x_scale,
-                          out.expert_num_tokens, topk_weights)
+            _ops.dispatch(self._op_id, *args)
+        elif _ops.tracing():
+            self._dispatch_untraced(*args)  # a graph break: Dynamo runs it eagerly
         else:
-            self._dispatch_now(mode, x, x_scale, topk_idx, m, m_dev, out.expert_x, out.expert_x_scale,
-                               out.expert_num_tokens, topk_weights)
+            self._dispatch_now(*args)
 
-    @_ops.not_traced
     def _dispatch_now(self, mode, x, x_scale, topk_idx, m, m_dev, expert_x, expert_x_scale, expert_num_tokens,
                       topk_weights):
         self._impl.dispatch(mode, arg(x, "x"), arg(x_scale, "x_scale"), arg(topk_idx, "topk_idx"), m,
                             arg(m_dev, "num_tokens"), arg(expert_x, "expert_x"),
                             arg(expert_x_scale, "expert_x_scale"), arg(expert_num_tokens, "expert_num_tokens"),
                             arg(topk_weights, "topk_weights"), _stream())
+
+    _dispatch_untraced = _ops.not_traced(_dispatch_now)
 
     def dispatch(self, x, topk_idx, x_scale=None, *, num_tokens: NumTokens = None,
                  out: Optional[DispatchOutput] = None, topk_weights=None) -> DispatchOutput:
@@ -168,16 +171,20 @@ class ExpertAllToAll:
     # -- combine ---------------------------------------------------------------------------------
     def _combine(self, mode, expert_y, topk_idx, topk_weights, num_tokens, out):
         m, m_dev = _num_tokens(num_tokens, topk_idx)
+        args = (mode, expert_y, topk_idx, topk_weights, m, m_dev, out)
         if _ops.compiling():
-            _ops.combine(self._op_id, mode, expert_y, topk_idx, topk_weights, m, m_dev, out)
+            _ops.combine(self._op_id, *args)
+        elif _ops.tracing():
+            self._combine_untraced(*args)
         else:
-            self._combine_now(mode, expert_y, topk_idx, topk_weights, m, m_dev, out)
+            self._combine_now(*args)
 
-    @_ops.not_traced
     def _combine_now(self, mode, expert_y, topk_idx, topk_weights, m, m_dev, out):
         self._impl.combine(mode, arg(expert_y, "expert_y"), arg(topk_idx, "topk_idx"),
                            arg(topk_weights, "topk_weights"), m, arg(m_dev, "num_tokens"), arg(out, "out"),
                            _stream())
+
+    _combine_untraced = _ops.not_traced(_combine_now)
 
     def combine(self, expert_y, topk_idx, topk_weights=None, *, num_tokens: NumTokens = None,
                 out: Optional[torch.Tensor] = None) -> torch.Tensor:
