@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The Python suite (python/tests) against the extension in the build tree; needs torch.
+# Usage: scripts/run-python-tests.sh [BUILD] [pytest args...]   e.g. -m "not stress" (make test), -m stress
 set -uo pipefail
 BUILD=${1:-build}
+shift || true
 cd "$(dirname "$0")/.."
 if [ ! -f "$BUILD/python/epkit/__init__.py" ]; then
   echo "skipped: Python suite (the build has no Python extension: nanobind was not importable at configure time)"
@@ -11,9 +13,10 @@ if ! python3 -c "import torch" >/dev/null 2>&1; then
   echo "skipped: Python suite (torch is not installed for $(command -v python3))"
   exit 0
 fi
-echo "== Python suite"
+echo "== Python suite $*"
+# --durations=0: every test's time, so the 5-minute budget of `make test` can be checked per test.
 PYTHONFAULTHANDLER=1 NVSHMEM_DISABLE_NVLS=1 NCCL_NVLS_ENABLE=0 PYTHONPATH="$BUILD/python${PYTHONPATH:+:$PYTHONPATH}" \
-  python3 -m pytest -q -rs python/tests
+  python3 -m pytest -q -rs --durations=0 python/tests "$@"
 rc=$?
 [ $rc -eq 5 ] && { echo "python: no tests collected"; rc=0; }
 exit $rc

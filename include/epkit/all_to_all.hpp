@@ -16,16 +16,24 @@
 
 namespace epkit {
 
+// dtypes: each call takes them from its tensors. The config fixes only element sizes (they size
+// the symmetric buffers): payload bf16 or fp16 when dispatch_dtype is either (copied as bytes),
+// fp8_e4m3 when it is fp8; expert_y bf16 or fp16 when combine_in_dtype is either, fp32 when it is
+// fp32; out bf16 or fp16. Nothing is created per dtype, so a new dtype may first appear inside a
+// CUDA graph capture. Every rank must pass the same payload and out dtypes to one call (as with
+// pplx-kernels): a peer reads the payload and the combine partials in its own call's types; this
+// is not checked. expert_y's dtype is local to each rank.
+
 // Everything one dispatch call reads and writes. dispatch_send reads the inputs, dispatch_recv
 // writes the outputs; pass the same struct to both halves. Token-side tensors with zero rows
 // (m = 0) may have a null data pointer.
 struct DispatchArgs {
-  Tensor x;                  // [rows >= m, H], dispatch dtype
+  Tensor x;                  // [rows >= m, H], payload dtype (same element size as dispatch_dtype)
   Tensor x_scale;            // [rows >= m, ceil(H/128)] fp32; required iff the payload is fp8
   Tensor topk_idx;           // [rows >= m, K] int32, int64 or uint32; negative (or 0xffffffff) = no expert
   int num_tokens = -1;       // m on the host, 0 <= m <= M; or -1 with num_tokens_device
   const int32_t* num_tokens_device = nullptr;  // one-element device int holding m (one graph serves any m)
-  Tensor expert_x;           // [E/W, capacity, H], dispatch dtype (output). Per expert, the slots hold
+  Tensor expert_x;           // [E/W, capacity, H], x's dtype (output). Per expert, the slots hold
                              // this rank's own tokens, then those sent by rank + 1, ..., W - 1, 0, ...,
                              // rank - 1, one contiguous run per sender (ref::dispatch_slots); the order
                              // within one sender's run is unspecified
@@ -36,13 +44,15 @@ struct DispatchArgs {
 
 // Everything one combine call reads and writes; pass the same struct to both halves.
 struct CombineArgs {
-  Tensor expert_y;           // [E/W, capacity, H], combine_in dtype: expert outputs, slot for slot as dispatched
+  Tensor expert_y;           // [E/W, capacity, H], bf16/fp16 (fp32 if combine_in_dtype is): expert outputs,
+                             // slot for slot as dispatched
   Tensor topk_idx;           // [rows >= m, K], the same indices as the matching dispatch
   Tensor topk_weights;       // [rows >= m, K] fp32; absent when config.weights_at_dispatch (dispatch carried them)
   int num_tokens = -1;       // m, as in DispatchArgs
   const int32_t* num_tokens_device = nullptr;
-  Tensor out;                // [rows >= m, H], combine_out dtype (output): sum_k w[t,k] * y(idx[t,k], t);
-                             // rows t >= m are left untouched
+  Tensor out;                // [rows >= m, H], bf16 or fp16 (output): sum_k w[t,k] * y(idx[t,k], t);
+                             // rows t >= m are left untouched. combine_send packs the partials in
+                             // out's type (combine_out_dtype if it has no out), so give it out too
 };
 
 class AllToAll {

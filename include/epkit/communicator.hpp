@@ -54,14 +54,20 @@ class Communicator {
   // nvshmemx_barrier_all_on_stream.
   void barrier_on_stream(cudaStream_t stream) const;
   // Dense all-to-all of `bytes_per_rank` bytes to each rank between symmetric buffers, on a stream
-  // (nvshmemx_alltoallmem_on_stream over the world team).
+  // (nvshmemx_alltoallmem_on_stream over the world team). Throws epkit::Error, before calling
+  // NVSHMEM, where nvshmem_collectives_supported() is false.
   void alltoall_on_stream(void* dst, const void* src, size_t bytes_per_rank, cudaStream_t stream) const;
+  // False where NVSHMEM runs in "limited MPG" mode on some rank (several PEs share a GPU without
+  // MPS): its own collectives (alltoall, broadcast, fcollect, reduce) then end the process.
+  // epkit's barrier, allgather and broadcast above are its own and work in every mode. Same on all ranks.
+  bool nvshmem_collectives_supported() const { return nvshmem_collectives_; }
 
  private:
   Communicator() = default;
   static Communicator adopt();  // wraps the NVSHMEM instance just initialised in this process
   int rank_ = -1, world_size_ = 0, local_rank_ = 0, device_ = 0;
   bool owns_ = false;
+  bool nvshmem_collectives_ = true;
 };
 
 // True once any epkit object in this process saw a device-side timeout: NVSHMEM's own collectives

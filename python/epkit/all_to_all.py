@@ -3,14 +3,22 @@
 Every call launches on the caller's current CUDA stream of this PE's device, does not synchronise
 the host and allocates only what it is asked to return, so dispatch/combine can be captured in a
 torch.cuda.CUDAGraph when outputs are passed in (or allocated inside the capture).
+
+dtypes come from each call's tensors, within the element sizes the config fixes (see
+include/epkit/all_to_all.hpp): a bf16 or fp16 config takes bf16 or fp16 payloads, expert outputs
+and outputs in any combination; the config's own dtypes only serve as defaults for returned outputs.
+
+Under torch.compile the calls are torch custom ops (epkit._ops), so that Dynamo traces them without
+a graph break; eager calls go to the extension directly.
 """
 
 from typing import NamedTuple, Optional, Union
 
 import torch
 
+from . import _ops
 from ._lib import EpkitError, _C
-from ._tensors import arg
+from ._tensors import arg, as_tensor
 from .config import AllToAllConfig
 
 NumTokens = Union[None, int, torch.Tensor]
@@ -35,11 +43,11 @@ def _stream() -> int:
 
 
 def _num_tokens(num_tokens: NumTokens, topk_idx):
-    """(host m or -1, device count arg or None). None means m = topk_idx.shape[0]."""
+    """(host m or -1, device count tensor or None). None means m = topk_idx.shape[0]."""
     if num_tokens is None:
         return int(topk_idx.shape[0]), None
     if isinstance(num_tokens, torch.Tensor):
-        return -1, arg(num_tokens, "num_tokens")
+        return -1, num_tokens
     return int(num_tokens), None
 
 
@@ -67,6 +75,7 @@ class ExpertAllToAll:
         self.capacity = cpp.effective_capacity()
         self.scales_per_token = cpp.scales_per_token()
         self.device = torch.device("cuda", _C.device())
+        self._op_id = _ops.register(self)
 
     # -- properties of the C++ object ------------------------------------------------------------
     @property
@@ -83,6 +92,7 @@ class ExpertAllToAll:
 
     @property
     def dispatch_dtype(self) -> torch.dtype:
+        """The config's payload dtype: the default of returned outputs (a call may pass the other 16-bit one)."""
         return self._dtypes[0]
 
     @property
@@ -91,33 +101,48 @@ class ExpertAllToAll:
 
     @property
     def combine_out_dtype(self) -> torch.dtype:
+        """The default dtype of returned combine outputs."""
         return self._dtypes[2]
 
     # -- outputs ---------------------------------------------------------------------------------
-    def empty_dispatch_output(self) -> DispatchOutput:
-        """Uninitialized dispatch outputs of the right shapes and dtypes on this PE's device."""
+    def empty_dispatch_output(self, dtype: Optional[torch.dtype] = None) -> DispatchOutput:
+        """Uninitialized dispatch outputs on this PE's device; expert_x in `dtype` (the payload's,
+        default the config's)."""
         L, C, H = self.num_local_experts, self.capacity, self.config.hidden
         scale = None
         if self.scales_per_token:
             scale = torch.empty((L, C, self.scales_per_token), dtype=torch.float32, device=self.device)
         return DispatchOutput(
-            torch.empty((L, C, H), dtype=self.dispatch_dtype, device=self.device),
+            torch.empty((L, C, H), dtype=dtype or self.dispatch_dtype, device=self.device),
             scale,
             torch.empty((L,), dtype=torch.int32, device=self.device),
         )
 
-    def empty_combine_output(self, num_rows: Optional[int] = None) -> torch.Tensor:
-        """Uninitialized combine output [num_rows or max_tokens_per_rank, H] in combine_out dtype."""
+    def empty_combine_output(self, num_rows: Optional[int] = None, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+        """Uninitialized combine output [num_rows or max_tokens_per_rank, H] in `dtype` (default combine_out)."""
         rows = self.config.max_tokens_per_rank if num_rows is None else num_rows
-        return torch.empty((rows, self.config.hidden), dtype=self.combine_out_dtype, device=self.device)
+        return torch.empty((rows, self.config.hidden), dtype=dtype or self.combine_out_dtype, device=self.device)
 
     # -- dispatch --------------------------------------------------------------------------------
     def _dispatch(self, mode, x, topk_idx, x_scale, num_tokens, out: DispatchOutput, topk_weights):
         m, m_dev = _num_tokens(num_tokens, topk_idx)
-        self._impl.dispatch(mode, arg(x, "x"), arg(x_scale, "x_scale"), arg(topk_idx, "topk_idx"), m, m_dev,
-                            arg(out.expert_x, "expert_x"), arg(out.expert_x_scale, "expert_x_scale"),
-                            arg(out.expert_num_tokens, "expert_num_tokens"), arg(topk_weights, "topk_weights"),
-                            _stream())
+        args = (mode, x, x_scale, topk_idx, m, m_dev, out.expert_x, out.expert_x_scale, out.expert_num_tokens,
+                topk_weights)
+        if _ops.compiling():
+            _ops.dispatch(self._op_id, *args)
+        elif _ops.tracing():
+            self._dispatch_untraced(*args)  # a graph break: Dynamo runs it eagerly
+        else:
+            self._dispatch_now(*args)
+
+    def _dispatch_now(self, mode, x, x_scale, topk_idx, m, m_dev, expert_x, expert_x_scale, expert_num_tokens,
+                      topk_weights):
+        self._impl.dispatch(mode, arg(x, "x"), arg(x_scale, "x_scale"), arg(topk_idx, "topk_idx"), m,
+                            arg(m_dev, "num_tokens"), arg(expert_x, "expert_x"),
+                            arg(expert_x_scale, "expert_x_scale"), arg(expert_num_tokens, "expert_num_tokens"),
+                            arg(topk_weights, "topk_weights"), _stream())
+
+    _dispatch_untraced = _ops.not_traced(_dispatch_now)
 
     def dispatch(self, x, topk_idx, x_scale=None, *, num_tokens: NumTokens = None,
                  out: Optional[DispatchOutput] = None, topk_weights=None) -> DispatchOutput:
@@ -128,14 +153,14 @@ class ExpertAllToAll:
         tensor (one CUDA graph serves any m). topk_weights [m, K] fp32: required with
         weights_at_dispatch (combine then takes none), refused without it.
         """
-        out = out if out is not None else self.empty_dispatch_output()
+        out = out if out is not None else self.empty_dispatch_output(as_tensor(x, "x").dtype)
         self._dispatch(_BOTH, x, topk_idx, x_scale, num_tokens, out, topk_weights)
         return out
 
     def dispatch_send(self, x, topk_idx, x_scale=None, *, num_tokens: NumTokens = None,
                       out: Optional[DispatchOutput] = None, topk_weights=None) -> _Pending:
         """The send half; pass what it returns to dispatch_recv. Other work may run in between."""
-        out = out if out is not None else self.empty_dispatch_output()
+        out = out if out is not None else self.empty_dispatch_output(as_tensor(x, "x").dtype)
         self._dispatch(_SEND, x, topk_idx, x_scale, num_tokens, out, topk_weights)
         return _Pending((x, topk_idx, x_scale, num_tokens, out, topk_weights), out)
 
@@ -146,8 +171,20 @@ class ExpertAllToAll:
     # -- combine ---------------------------------------------------------------------------------
     def _combine(self, mode, expert_y, topk_idx, topk_weights, num_tokens, out):
         m, m_dev = _num_tokens(num_tokens, topk_idx)
+        args = (mode, expert_y, topk_idx, topk_weights, m, m_dev, out)
+        if _ops.compiling():
+            _ops.combine(self._op_id, *args)
+        elif _ops.tracing():
+            self._combine_untraced(*args)
+        else:
+            self._combine_now(*args)
+
+    def _combine_now(self, mode, expert_y, topk_idx, topk_weights, m, m_dev, out):
         self._impl.combine(mode, arg(expert_y, "expert_y"), arg(topk_idx, "topk_idx"),
-                           arg(topk_weights, "topk_weights"), m, m_dev, arg(out, "out"), _stream())
+                           arg(topk_weights, "topk_weights"), m, arg(m_dev, "num_tokens"), arg(out, "out"),
+                           _stream())
+
+    _combine_untraced = _ops.not_traced(_combine_now)
 
     def combine(self, expert_y, topk_idx, topk_weights=None, *, num_tokens: NumTokens = None,
                 out: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -156,6 +193,8 @@ class ExpertAllToAll:
         expert_y [E/W, capacity, H] holds the expert outputs slot for slot as dispatched; topk_idx and
         num_tokens as given to the matching dispatch; out defaults to [topk_idx.shape[0], H].
         topk_weights [m, K] fp32, or None with weights_at_dispatch (the dispatch carried them).
+        expert_y bf16/fp16 (fp32 if the config's combine_in_dtype is); pass out= for an output dtype
+        other than combine_out_dtype.
         """
         out = out if out is not None else self.empty_combine_output(topk_idx.shape[0])
         self._combine(_BOTH, expert_y, topk_idx, topk_weights, num_tokens, out)

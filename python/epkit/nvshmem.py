@@ -24,6 +24,7 @@ __all__ = [
     "nvshmem_barrier_all",
     "nvshmem_barrier_all_on_current_stream",
     "nvshmem_alltoall",
+    "nvshmem_collectives_supported",
 ]
 
 
@@ -98,10 +99,23 @@ def nvshmem_barrier_all_on_current_stream() -> None:
     _C.barrier_all_on_stream(_stream())
 
 
+def nvshmem_collectives_supported() -> bool:
+    """False where several PEs share a GPU without MPS (NVSHMEM's "limited MPG" mode): NVSHMEM's own
+    collectives, nvshmem_alltoall here, would end the process, so epkit raises instead. The same on
+    every PE. (An epkit extra; pplx-kernels has no such call.)"""
+    return _C.collectives_supported()
+
+
 def nvshmem_alltoall(dest: torch.Tensor, source: torch.Tensor) -> None:
     """Dense all-to-all between symmetric tensors on the current stream: PE p's block i of `source`
-    lands in block p of PE i's `dest`; blocks are numel / n_pes elements. Collective."""
+    lands in block p of PE i's `dest`; blocks are numel / n_pes elements. Collective.
+
+    Raises EpkitError, on every PE, where nvshmem_collectives_supported() is False."""
     n = _C.n_pes()
+    if not _C.collectives_supported():
+        raise EpkitError(f"nvshmem_alltoall is not supported here: the {n} PEs run with several PEs on one GPU "
+                         "and no MPS (NVSHMEM's \"limited MPG\" mode), where NVSHMEM's collectives end the process; "
+                         "run one PE per GPU (or under MPS). epkit.AllToAll and the barriers work in this mode.")
     for name, t in (("dest", dest), ("source", source)):
         if not t.is_contiguous():
             raise EpkitError(f"nvshmem_alltoall: {name} must be contiguous")

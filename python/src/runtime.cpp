@@ -150,6 +150,11 @@ static nb::ndarray<nb::device::cuda, uint8_t, nb::ndim<1>> symmetric_malloc(size
 
 static void alltoall(uintptr_t dst, uintptr_t src, size_t bytes_per_rank, uintptr_t stream) {
   const Communicator& c = comm();
+  // First, whatever the buffers: where NVSHMEM would end the process, say so as an exception.
+  EPKIT_CHECK(c.nvshmem_collectives_supported(), "nvshmem_alltoall is not supported here: ", c.world_size(),
+              " PEs run with several PEs on one GPU and no MPS (NVSHMEM's \"limited MPG\" mode), where NVSHMEM's "
+              "collectives end the process; run one PE per GPU (or under MPS). epkit.AllToAll and the barriers "
+              "work in this mode.");
   size_t total = bytes_per_rank * static_cast<size_t>(c.world_size());
   check_symmetric(dst, total, "nvshmem_alltoall destination");
   check_symmetric(src, total, "nvshmem_alltoall source");
@@ -196,6 +201,9 @@ void bind_runtime(nb::module_& m) {
         "A 1-D uint8 CUDA array of nbytes on the symmetric heap, freed (collectively) when its last "
         "consumer lets go. Collective.");
   m.def("alltoall", &alltoall, nb::arg("dst"), nb::arg("src"), nb::arg("bytes_per_rank"), nb::arg("stream"));
+  m.def(
+      "collectives_supported", [] { return comm().nvshmem_collectives_supported(); },
+      "False where several PEs share a GPU without MPS: NVSHMEM's collectives (alltoall) would end the process.");
   m.def("num_live_allocations", [] { return runtime().allocs.size(); });
   m.def("num_live_instances", [] { return runtime().instances.size(); });
 }

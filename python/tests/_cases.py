@@ -8,21 +8,48 @@ import torch
 import epkit
 from _reference import FP8, Problem, all_groups, check_combine, check_dispatch, expert_forward
 
+BF16, FP16 = torch.bfloat16, torch.float16
 # payload -> (combine in, combine out, rtol of combine against the fp32 reference)
 PAYLOADS = {
-    "bf16": (torch.bfloat16, torch.bfloat16, torch.bfloat16, 1e-2),
-    "fp16": (torch.float16, torch.float16, torch.float16, 2e-3),
-    "fp8": (FP8, torch.bfloat16, torch.bfloat16, 1e-2),
+    "bf16": (BF16, BF16, BF16, 1e-2),
+    "fp16": (FP16, FP16, FP16, 2e-3),
+    "fp8": (FP8, BF16, BF16, 1e-2),
 }
+# Combine is compared to an fp32 reference; its error is the rounding of the partials and of the
+# sum to the OUTPUT type (half an ulp each: 2^-8 for bf16, 2^-11 for fp16), whatever expert_y is.
+RTOL_OUT = {BF16: 1e-2, FP16: 2e-3}
 HIDDEN = 1088          # a multiple of 16 that is not one of 128: the last fp8 scale block is partial
 MAX_TOKENS = 24
 TOP_K = 3
+
+# Every dtype set pplx-kernels accepts, per AllToAll element size: (payload, expert_y, out_tokens).
+# A 2-byte AllToAll takes bf16 and fp16 payloads, an fp8 one fp8 (+ scales); combine takes expert_y
+# and out_tokens in bf16 or fp16, each independently.
+COMBOS = {
+    "16-bit": [(d, cin, cout) for d in (BF16, FP16) for cin in (BF16, FP16) for cout in (BF16, FP16)],
+    "fp8": [(FP8, cin, cout) for cin in (BF16, FP16) for cout in (BF16, FP16)],
+}
 
 
 def problem(world_size, dp_size, payload):
     d, cin, cout, _ = PAYLOADS[payload]
     return Problem(world_size, dp_size, num_experts=4 * world_size, experts_per_token=TOP_K, hidden=HIDDEN,
                    max_tokens=MAX_TOKENS, payload=d, combine_in=cin, combine_out=cout)
+
+
+def combo_problem(world_size, dp_size, payload, cin, cout):
+    return Problem(world_size, dp_size, num_experts=4 * world_size, experts_per_token=TOP_K, hidden=HIDDEN,
+                   max_tokens=MAX_TOKENS, payload=payload, combine_in=cin, combine_out=cout)
+
+
+def pplx_all_to_all(p: Problem, rank):
+    """An AllToAll created the pplx way: only hidden_dim_bytes says the element size."""
+    return epkit.AllToAll.internode(p.max_tokens, p.num_experts, p.experts_per_token, rank, p.world_size, p.dp_size,
+                                    p.hidden, p.hidden_dim_bytes, p.hidden_dim_scale_bytes)
+
+
+def dname(t):
+    return {BF16: "bf16", FP16: "fp16", FP8: "fp8"}[t]
 
 
 def as_u32(t):
@@ -102,15 +129,22 @@ def compat_round(ata, p: Problem, rank, seed, variant, rtol, tag):
     check_combine(p, mine, out, rtol, tag, untouched_from=mine.m)
 
 
-def compat_correctness(rank, world_size, dp_size, payloads):
-    for name in payloads:
-        p = problem(world_size, dp_size, name)
-        ata = epkit.AllToAll.internode(p.max_tokens, p.num_experts, p.experts_per_token, rank, world_size, dp_size,
-                                       p.hidden, p.hidden_dim_bytes, p.hidden_dim_scale_bytes)
-        for it, variant in enumerate(["fused_host_m", "split_device_m", "fused_device_m", "fused_host_m"]):
-            tag = f"W={world_size} dp={dp_size} {name} {variant}#{it} rank={rank}"
+VARIANTS = ["fused_host_m", "split_device_m", "fused_device_m", "split_host_m"]
+
+
+def compat_correctness(rank, world_size, dp_size, sizes=("16-bit", "fp8")):
+    """One pplx-style AllToAll per element size serves every dtype set pplx accepts, one layer each,
+    the call variants (fused/split, host/device m) rotating over them on the same buffers."""
+    for size in sizes:
+        combos = COMBOS[size]
+        ata = pplx_all_to_all(combo_problem(world_size, dp_size, *combos[0]), rank)
+        for it, (d, cin, cout) in enumerate(combos):
+            p = combo_problem(world_size, dp_size, d, cin, cout)
+            variant = VARIANTS[it % len(VARIANTS)]
+            tag = (f"W={world_size} dp={dp_size} {size} AllToAll, dp_x {dname(d)} expert_y {dname(cin)} "
+                   f"out_tokens {dname(cout)} {variant}#{it} rank={rank}")
             compat_round(ata, p, rank, seed=100 * it + 10 * dp_size + world_size, variant=variant,
-                         rtol=PAYLOADS[name][3], tag=tag)
+                         rtol=RTOL_OUT[cout], tag=tag)
         ata.destroy()
 
 
@@ -186,17 +220,21 @@ def weights_at_dispatch(rank, world_size, dp_size):
             check_combine(p, mine, out, PAYLOADS["fp8"][3], tag, untouched_from=mine.m)
 
 
-def cuda_graph(rank, world_size, dp_size, payloads):
+# Dtype sets the graph test captures as the FIRST calls of a fresh AllToAll: none of them is the
+# type of the object's config (bf16 / bf16 / bf16), so nothing may depend on having seen it before.
+GRAPH_COMBOS = [(FP16, BF16, FP16), (FP8, FP16, BF16)]
+
+
+def cuda_graph(rank, world_size, dp_size, combos=GRAPH_COMBOS):
     """Captures dispatch -> experts -> combine in one torch.cuda.CUDAGraph with bound_m on the device,
-    then replays it for fresh inputs with different m."""
+    as the very first calls of the AllToAll and with a dtype set it never saw, then replays it for
+    fresh inputs with different m; an eager layer with other dtypes follows on the same object."""
     dev = _device()
-    for name in payloads:
-        p = problem(world_size, dp_size, name)
-        rtol = PAYLOADS[name][3]
-        ata = epkit.AllToAll.internode(p.max_tokens, p.num_experts, p.experts_per_token, rank, world_size, dp_size,
-                                       p.hidden, p.hidden_dim_bytes, p.hidden_dim_scale_bytes)
-        # Eager warm-up: creates the C++ object for 16-bit payloads (dtype seen at the first dispatch).
-        compat_round(ata, p, rank, seed=7, variant="fused_device_m", rtol=rtol, tag=f"graph warm-up {name} rank={rank}")
+    for d, cin, cout in combos:
+        p = combo_problem(world_size, dp_size, d, cin, cout)
+        rtol = RTOL_OUT[cout]
+        name = f"dp_x {dname(d)} expert_y {dname(cin)} out_tokens {dname(cout)}"
+        ata = pplx_all_to_all(p, rank)
 
         x = torch.zeros(p.max_tokens, p.hidden, device=dev).to(p.payload)
         x_scale = torch.ones(p.max_tokens, p.num_scales, device=dev) if p.num_scales else None
@@ -235,6 +273,11 @@ def cuda_graph(rank, world_size, dp_size, payloads):
             check_dispatch(p, rank, groups, num_tokens, expert_x, expert_x_scale, tag)
             check_combine(p, mine, out, rtol, tag, untouched_from=mine.m)
         del graph
+        # Eager, on the same object, with the other expert_y and out_tokens types.
+        other = {BF16: FP16, FP16: BF16}
+        q = combo_problem(world_size, dp_size, d, other[cin], other[cout])
+        compat_round(ata, q, rank, seed=31, variant="split_device_m", rtol=RTOL_OUT[q.combine_out],
+                     tag=f"eager after graph {name} rank={rank}")
         ata.destroy()
 
 
@@ -270,15 +313,34 @@ def errors(rank, world_size):
         kw.update(over)
         ata.dispatch(**kw)
 
-    _expect_error(lambda: dispatch(out_expert_x=expert_x.float()), "out_expert_x")
+    _expect_error(lambda: dispatch(out_expert_x=expert_x.float()), "expert_x has dtype fp32, expected bf16 or fp16")
+    # dtypes are the call's, within the element size the AllToAll was created for.
+    _expect_error(lambda: dispatch(dp_x=gi.x.to(FP8)), "x has dtype fp8_e4m3, expected bf16 or fp16")
+    _expect_error(lambda: dispatch(dp_x=gi.x.to(FP16)), "expert_x is bf16 but x is fp16")
     wide = torch.zeros(gi.m, 2 * p.hidden, dtype=p.payload, device=dev)
     _expect_error(lambda: dispatch(dp_x=wide[:, :p.hidden]), "x", "contiguous")
     _expect_error(lambda: dispatch(indices=idx.cpu()), "topk_idx", "CUDA")
     _expect_error(lambda: dispatch(bound_m=torch.zeros(2, dtype=torch.int32, device=dev).view(torch.uint32)), "num_tokens_device")
     _expect_error(lambda: dispatch(do_send=False, do_recv=False), "do_send")
-    y = torch.zeros(p.num_local_experts, p.capacity, p.hidden, dtype=torch.float32, device=dev)
-    out = torch.zeros(p.max_tokens, p.hidden, dtype=p.combine_out, device=dev)
-    _expect_error(lambda: ata.combine(out, idx, gi.weights, y, None), "combine_in_dtype")
+    # A layer with bad combine calls in it: each is refused before it launches, and the layer then
+    # completes correctly. fp32 expert_y needs combine_in_dtype=fp32 at creation; a receive half
+    # must have the out_tokens dtype its send half packed the partials in.
+    q = combo_problem(world_size, 1, BF16, FP16, FP16)
+    groups = all_groups(q, 4, dev)
+    mine = groups[rank]
+    num_tokens, expert_x, _ = _poisoned_dispatch_outputs(q)
+    ata.dispatch(num_tokens, expert_x, None, mine.x, None, as_u32(mine.idx), None)
+    y16 = expert_forward(q, rank, expert_x, None, num_tokens)
+    out16 = torch.full((q.max_tokens, q.hidden), float("nan"), dtype=FP16, device=dev)
+    kw = dict(indices=as_u32(mine.idx), weights=mine.weights, bound_m=None)
+    _expect_error(lambda: ata.combine(out16, **kw, expert_y=y16.float()), "combine_in_dtype")
+    kw["expert_y"] = y16
+    ata.combine(out16, **kw, do_send=True, do_recv=False)
+    _expect_error(lambda: ata.combine(out16.to(BF16), **kw, do_send=False, do_recv=True),
+                  "out is bf16 but combine_send packed this layer's partials as fp16")
+    ata.combine(out16, **kw, do_send=False, do_recv=True)
+    torch.cuda.synchronize()
+    check_combine(q, mine, out16, RTOL_OUT[FP16], f"errors split out dtype rank={rank}", untouched_from=mine.m)
 
     # Still correct after the rejected calls (none of them launched anything).
     compat_round(ata, p, rank, seed=3, variant="fused_host_m", rtol=1e-2, tag=f"errors after rank={rank}")
@@ -287,9 +349,27 @@ def errors(rank, world_size):
     _expect_error(lambda: dispatch(), "destroyed")
 
 
+def _gpus_of_all_ranks(dev):
+    """Each rank's GPU (its UUID), gathered over the harness's torch.distributed group."""
+    import torch.distributed as dist
+    props = torch.cuda.get_device_properties(dev)
+    mine = str(getattr(props, "uuid", "")) or f"{getattr(props, 'pci_bus_id', '?')}:{dev.index}"
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, mine)
+    return everyone
+
+
 def nvshmem_helpers(rank, world_size):
+    """Symmetric tensors, barriers and collective frees; nvshmem_alltoall where NVSHMEM supports its
+    collectives, and an EpkitError (not the end of the process) where it does not: several PEs on
+    one GPU without MPS, which is how one GPU runs this suite."""
     dev = _device()
     assert epkit.nvshmem_my_pe() == rank and epkit.nvshmem_n_pes() == world_size
+    gpus = _gpus_of_all_ranks(dev)
+    shared = len(set(gpus)) < world_size
+    supported = epkit.nvshmem_collectives_supported()
+    # Refusing is allowed only where PEs share a GPU (with MPS NVSHMEM may still support them).
+    assert supported or shared, f"rank {rank}: collectives reported unsupported with one PE per GPU ({gpus})"
     n = 64
     src = epkit.nvshmem_malloc([world_size, n], torch.float32, dev)
     dst = epkit.nvshmem_malloc((world_size, n), torch.float32, dev)
@@ -298,16 +378,27 @@ def nvshmem_helpers(rank, world_size):
     dst.fill_(-1)
     torch.cuda.synchronize()  # every PE's dst is ready before any peer may write into it
     epkit.nvshmem_barrier_all()
-    epkit.nvshmem_alltoall(dst, src)
-    epkit.nvshmem_barrier_all_on_current_stream()
-    torch.cuda.synchronize()
-    want = (torch.arange(world_size, device=dev, dtype=torch.float32) * 100 + rank)[:, None].expand(world_size, n)
-    assert torch.equal(dst, want), f"rank {rank}: nvshmem_alltoall gave {dst[:, 0].tolist()}, want {want[:, 0].tolist()}"
+    if supported:
+        epkit.nvshmem_alltoall(dst, src)
+        epkit.nvshmem_barrier_all_on_current_stream()
+        torch.cuda.synchronize()
+        want = (torch.arange(world_size, device=dev, dtype=torch.float32) * 100 + rank)[:, None].expand(world_size, n)
+        assert torch.equal(dst, want), f"rank {rank}: nvshmem_alltoall gave {dst[:, 0].tolist()}, want {want[:, 0].tolist()}"
+        plain = torch.empty_like(dst)  # torch's allocator, not the symmetric heap: must be refused
+        _expect_error(lambda d=plain, s=src: epkit.nvshmem_alltoall(d, s), "nvshmem_malloc")
+        del plain
+    else:
+        print(f"rank {rank}: {world_size} PEs on {len(set(gpus))} GPU(s): nvshmem_alltoall must raise", flush=True)
+        _expect_error(lambda d=dst, s=src: epkit.nvshmem_alltoall(d, s), "limited MPG")
+        # The extension's own check too, which the C++ Communicator backs up.
+        _expect_error(lambda d=dst, s=src: epkit._C.alltoall(d.data_ptr(), s.data_ptr(), n * 4, 0), "limited MPG")
+        # The process lives on: the barriers, and the data untouched.
+        epkit.nvshmem_barrier_all_on_current_stream()
+        torch.cuda.synchronize()
+        assert (dst == -1).all(), f"rank {rank}: a refused nvshmem_alltoall wrote into dest"
+    epkit.nvshmem_barrier_all()
     f8 = epkit.nvshmem_malloc([3, 32], FP8, dev)
     assert f8.dtype == FP8 and f8.shape == (3, 32)
-    plain = torch.empty_like(dst)  # torch's allocator, not the symmetric heap: must be refused
-    _expect_error(lambda d=plain, s=src: epkit.nvshmem_alltoall(d, s), "nvshmem_malloc")
-    del plain
     live = epkit._C.num_live_allocations()
     del src, dst, f8  # dropped at the same point on every rank: the collective frees match
     gc.collect()
@@ -330,3 +421,58 @@ def intranode_bootstrap(rank, world_size):
     assert epkit.nvshmem_my_pe() == rank
     compat_round(ata, p, rank, seed=11, variant="fused_host_m", rtol=1e-2, tag=f"intranode rank={rank}")
     ata.destroy()
+
+
+class _Compiled:
+    """ata with dispatch and combine replaced by torch.compile of them, as pplx-kernels users write."""
+
+    def __init__(self, ata, fullgraph):
+        self.impl = ata.impl
+        self.dispatch = torch.compile(ata.dispatch, fullgraph=fullgraph)
+        self.combine = torch.compile(ata.combine, fullgraph=fullgraph)
+
+
+# (payload, expert_y, out_tokens, variants) for the compiled calls: both element sizes, mixed dtypes,
+# fused and split, device m (fixed shapes, as under CUDA graphs) and host m.
+COMPILE_CASES = [
+    (FP16, BF16, FP16, ("fused_device_m", "split_device_m", "fused_host_m")),
+    (FP8, FP16, BF16, ("fused_device_m",)),
+]
+
+
+def torch_compile(rank, world_size, dp_size):
+    """torch.compile(ata.dispatch) / torch.compile(ata.combine), in two passes: (1) the fallback, each
+    call a graph break run eagerly (epkit._ops.use_ops = False), which must run correctly; (2) the
+    default, the calls traced as the custom ops of epkit._ops, with fullgraph=True (no graph break
+    allowed). Every layer is checked against the reference."""
+    import torch._dynamo
+    for name in ("cache_size_limit", "recompile_limit", "accumulated_cache_size_limit", "accumulated_recompile_limit"):
+        if hasattr(torch._dynamo.config, name):
+            setattr(torch._dynamo.config, name, 256)  # one compile per (dtypes, halves, m kind): keep them all
+    try:
+        import torch._inductor.config as inductor_config
+        inductor_config.compile_threads = 1  # no worker pool per rank: these graphs hold one op
+    except (ImportError, AttributeError):
+        pass
+    default_use_ops = epkit._ops.use_ops
+    passed = []
+    for label, use_ops, fullgraph in (("graph breaks", False, False), ("custom ops, fullgraph=True", True, True)):
+        torch._dynamo.reset()
+        epkit._ops.use_ops = use_ops
+        try:
+            for i, (d, cin, cout, variants) in enumerate(COMPILE_CASES):
+                p = combo_problem(world_size, dp_size, d, cin, cout)
+                ata = pplx_all_to_all(p, rank)
+                compiled = _Compiled(ata, fullgraph)
+                for j, variant in enumerate(variants):
+                    tag = (f"torch.compile ({label}) dp_x {dname(d)} expert_y {dname(cin)} "
+                           f"out_tokens {dname(cout)} {variant} rank={rank}")
+                    compat_round(compiled, p, rank, seed=700 + 10 * i + j, variant=variant, rtol=RTOL_OUT[cout],
+                                 tag=tag)
+                ata.destroy()
+        except Exception as e:
+            raise AssertionError(f"rank {rank}: torch.compile, {label}: {type(e).__name__}: {e} (passed before it: "
+                                 f"{passed or 'none'}; custom ops: {epkit._ops.UNAVAILABLE or 'registered'})") from e
+        finally:
+            epkit._ops.use_ops = default_use_ops
+        passed.append(label)

@@ -6,6 +6,7 @@ import pytest
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU; runs ranks through torch.multiprocessing.spawn")
+    config.addinivalue_line("markers", "stress: longer runs left to `make stress` (make test runs -m 'not stress')")
 
 
 def pytest_collection_modifyitems(config, items):

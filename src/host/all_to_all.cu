@@ -56,6 +56,7 @@ struct AllToAll::Impl {
   kernels::LaunchShape dispatch_shape{}, combine_shape{};
   int p2p_peers = 0;
   Next next = Next::kDispatchSend;
+  host::LayerDTypes layer{};  // the dtypes the send halves of the layer in flight took from their tensors
   bool dead = false;
   cudaStream_t aux = nullptr;
 
@@ -122,6 +123,7 @@ AllToAll::AllToAll(const Communicator& comm, const AllToAllConfig& cfg_in) : imp
   Impl& I = *impl_;
   I.cfg = cfg_in;
   const AllToAllConfig& cfg = I.cfg;
+  I.layer = host::config_dtypes(cfg);
 
   // Agreement first (collective, fixed size), so that a config that is bad on one rank fails on all.
   std::string local_error;
@@ -282,7 +284,7 @@ void AllToAll::check() const { impl_->raise_pending(); }
 void AllToAll::Impl::dispatch_step(const DispatchArgs& a, cudaStream_t st, bool send, bool recv, const char* call) {
   raise_fatal();
   expect(send ? Next::kDispatchSend : Next::kDispatchRecv, call);
-  const auto io = host::check_dispatch_args(cfg, a, send, recv, call);
+  const auto io = host::check_dispatch_args(cfg, a, send, recv, call, layer);
   EPKIT_CUDA_CHECK(kernels::launch_dispatch(params, io, send, recv, dispatch_shape, st));
   next = recv ? Next::kCombineSend : Next::kDispatchRecv;
 }
@@ -290,8 +292,8 @@ void AllToAll::Impl::dispatch_step(const DispatchArgs& a, cudaStream_t st, bool 
 void AllToAll::Impl::combine_step(const CombineArgs& a, cudaStream_t st, bool send, bool recv, const char* call) {
   raise_fatal();
   expect(send ? Next::kCombineSend : Next::kCombineRecv, call);
-  const auto io = host::check_combine_args(cfg, a, send, recv, call);
-  EPKIT_CUDA_CHECK(kernels::launch_combine(params, io, cfg.combine_in_dtype, cfg.combine_out_dtype, send, recv,
+  const auto io = host::check_combine_args(cfg, a, send, recv, call, layer);
+  EPKIT_CUDA_CHECK(kernels::launch_combine(params, io, layer.combine_in, layer.combine_out, send, recv,
                                            combine_shape, st));
   next = recv ? Next::kDispatchSend : Next::kCombineRecv;
   if (recv) raise_pending();  // the layer is fully launched: recoverable errors may surface now

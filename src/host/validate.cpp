@@ -10,22 +10,43 @@ namespace epkit::host {
 
 namespace {
 
-constexpr std::initializer_list<DType> kIndexTypes = {DType::kInt32, DType::kInt64, DType::kUInt32};
+// The few dtypes a tensor may have, held without allocating.
+struct DTypes {
+  DType d[4] = {};
+  int n = 0;
+  DTypes(std::initializer_list<DType> l) {
+    for (DType x : l)
+      if (n < 4) d[n++] = x;
+  }
+  bool has(DType x) const {
+    for (int i = 0; i < n; ++i)
+      if (d[i] == x) return true;
+    return false;
+  }
+};
+
+const DTypes kIndexTypes = {DType::kInt32, DType::kInt64, DType::kUInt32};
+const DTypes k16BitTypes = {DType::kBF16, DType::kFP16};
+
+// What a call may pass where the config says `d` (see LayerDTypes): the types of d's element size.
+DTypes payload_types(DType d) { return d == DType::kFP8E4M3 ? DTypes{d} : k16BitTypes; }
+DTypes combine_in_types(DType d) { return d == DType::kFP32 ? DTypes{d} : k16BitTypes; }
+
+void check_dtype(const Tensor& t, const char* name, const DTypes& dtypes, const char* hint = "") {
+  if (dtypes.has(t.dtype)) return;
+  std::string allowed;  // built only on failure: no host allocation on the call path
+  for (int i = 0; i < dtypes.n; ++i) allowed += (i ? " or " : "") + std::string(dtype_name(dtypes.d[i]));
+  EPKIT_FAIL(name, " has dtype ", dtype_name(t.dtype), ", expected ", allowed, hint);
+}
 
 // Checks dtype, rank and the fixed dims of a tensor (-1 = any) and its alignment; returns dim 0.
 // Rows that kernels move with 16-byte vectors need 16-byte alignment; the rest their element size.
-int64_t check_tensor(const Tensor& t, const char* name, std::initializer_list<DType> dtypes,
-                     std::initializer_list<int64_t> dims, size_t align = 0) {
+int64_t check_tensor(const Tensor& t, const char* name, const DTypes& dtypes, std::initializer_list<int64_t> dims,
+                     size_t align = 0, const char* hint = "") {
   // An empty tensor may have no storage at all (torch gives a null pointer for m = 0).
   const bool empty = t.ndim > 0 && t.numel() == 0;
   EPKIT_CHECK(t.data != nullptr || empty, name, " is missing (null data pointer)");
-  bool ok = false;
-  for (DType d : dtypes) ok |= t.dtype == d;
-  if (!ok) {  // the message is built only on failure: no host allocation on the call path
-    std::string allowed;
-    for (DType d : dtypes) allowed += (allowed.empty() ? "" : " or ") + std::string(dtype_name(d));
-    EPKIT_FAIL(name, " has dtype ", dtype_name(t.dtype), ", expected ", allowed);
-  }
+  check_dtype(t, name, dtypes, hint);
   EPKIT_CHECK(t.ndim == static_cast<int>(dims.size()), name, " has shape ", t.shape_str(), " (", t.ndim,
               " dims), expected ", dims.size(), " dims");
   int i = 0;
@@ -68,12 +89,14 @@ kernels::TokenCount token_count(const AllToAllConfig& c, int host_m, const int32
 }  // namespace
 
 kernels::DispatchIO check_dispatch_args(const AllToAllConfig& c, const DispatchArgs& a, bool send, bool recv,
-                                        const char* call) {
+                                        const char* call, LayerDTypes& layer) {
   const int H = c.hidden, K = c.experts_per_token, L = num_local_experts(c), cap = effective_capacity(c);
   const int ns = scales_per_token(c);
   kernels::DispatchIO io{};
+  DType payload = layer.payload;
   if (send) {
-    int64_t rows = check_tensor(a.x, "x", {c.dispatch_dtype}, {-1, H}, 16);
+    int64_t rows = check_tensor(a.x, "x", payload_types(c.dispatch_dtype), {-1, H}, 16);
+    payload = a.x.dtype;
     io.x = static_cast<const uint8_t*>(a.x.data);
     if (has_scales(c)) {
       const int64_t r = check_tensor(a.x_scale, "x_scale", {DType::kFP32}, {-1, ns});
@@ -98,7 +121,11 @@ kernels::DispatchIO check_dispatch_args(const AllToAllConfig& c, const DispatchA
     io.m = token_count(c, a.num_tokens, a.num_tokens_device, rows, call);
   }
   if (recv) {
-    check_tensor(a.expert_x, "expert_x", {c.dispatch_dtype}, {L, cap, H}, 16);
+    check_tensor(a.expert_x, "expert_x", payload_types(c.dispatch_dtype), {L, cap, H}, 16);
+    // The payload travels as bytes: the receiving tensor must be what the sender's x was.
+    EPKIT_CHECK(a.expert_x.dtype == payload, call, ": expert_x is ", dtype_name(a.expert_x.dtype), " but x ",
+                send ? "is " : "was (at dispatch_send) ", dtype_name(payload),
+                "; the payload is copied as bytes, so they must be the same type");
     io.expert_x = static_cast<uint8_t*>(a.expert_x.data);
     if (has_scales(c)) {
       check_tensor(a.expert_x_scale, "expert_x_scale", {DType::kFP32}, {L, cap, ns});
@@ -107,19 +134,29 @@ kernels::DispatchIO check_dispatch_args(const AllToAllConfig& c, const DispatchA
     check_tensor(a.expert_num_tokens, "expert_num_tokens", {DType::kInt32}, {L});
     io.expert_num_tokens = static_cast<int32_t*>(a.expert_num_tokens.data);
   }
+  layer.payload = payload;
   return io;
 }
 
 kernels::CombineIO check_combine_args(const AllToAllConfig& c, const CombineArgs& a, bool send, bool recv,
-                                      const char* call) {
+                                      const char* call, LayerDTypes& layer) {
   const int H = c.hidden, K = c.experts_per_token, L = num_local_experts(c), cap = effective_capacity(c);
   kernels::CombineIO io{};
+  DType in = layer.combine_in, out = layer.combine_out;
   int64_t rows = check_tensor(a.topk_idx, "topk_idx", kIndexTypes, {-1, K});
   io.topk_idx = a.topk_idx.data;
   io.idx_type = index_type(a.topk_idx);
   if (send) {
-    check_tensor(a.expert_y, "expert_y", {c.combine_in_dtype}, {L, cap, H}, 16);
+    check_tensor(a.expert_y, "expert_y", combine_in_types(c.combine_in_dtype), {L, cap, H}, 16,
+                 c.combine_in_dtype == DType::kFP32 ? " (combine_in_dtype = fp32)"
+                                                    : " (combine_in_dtype is 2-byte; fp32 needs combine_in_dtype = fp32)");
     io.expert_y = a.expert_y.data;
+    in = a.expert_y.dtype;
+    // The partials are packed in the output type: out's when the send half is given out (an empty
+    // one may have no storage), else the config's.
+    const bool has_out = a.out.defined() || a.out.ndim > 0;
+    if (has_out) check_dtype(a.out, "out", k16BitTypes);
+    out = has_out ? a.out.dtype : c.combine_out_dtype;
     if (c.weights_at_dispatch) {
       EPKIT_CHECK(!a.topk_weights.defined(), call,
                   ": topk_weights given to combine but weights_at_dispatch = true: dispatch carried them");
@@ -130,11 +167,17 @@ kernels::CombineIO check_combine_args(const AllToAllConfig& c, const CombineArgs
     }
   }
   if (recv) {
-    const int64_t r = check_tensor(a.out, "out", {c.combine_out_dtype}, {-1, H}, 16);
+    const int64_t r = check_tensor(a.out, "out", k16BitTypes, {-1, H}, 16);
+    // Fused, out is what the send half packed; split, the send half may have had another (or none).
+    EPKIT_CHECK(a.out.dtype == out, call, ": out is ", dtype_name(a.out.dtype),
+                " but combine_send packed this layer's partials as ", dtype_name(out),
+                " (it had no out tensor, or another one: pass the same CombineArgs to both halves)");
     rows = r < rows ? r : rows;
     io.out = a.out.data;
   }
   io.m = token_count(c, a.num_tokens, a.num_tokens_device, rows, call);
+  layer.combine_in = in;
+  layer.combine_out = out;
   return io;
 }
 

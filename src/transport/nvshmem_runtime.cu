@@ -101,6 +101,12 @@ Communicator Communicator::adopt() {
   EPKIT_CUDA_CHECK(cudaGetDevice(&c.device_));
   c.owns_ = true;
   transport::control_init(c.world_size_);
+  // NVSHMEM refuses its collectives in limited MPG mode by ending the process, so find out here,
+  // from its own status, and let every rank agree: one rank skipping a collective hangs the rest.
+  const int32_t ok = nvshmemx_init_status() == NVSHMEM_STATUS_LIMITED_MPG ? 0 : 1;
+  std::vector<int32_t> all(c.world_size_);
+  c.allgather(&ok, sizeof ok, all.data());
+  for (int32_t v : all) c.nvshmem_collectives_ &= v == 1;
   return c;
 }
 
@@ -141,7 +147,12 @@ Communicator Communicator::from_mpi(void* mpi_comm, int device) {
 #endif
 
 Communicator::Communicator(Communicator&& o) noexcept
-    : rank_(o.rank_), world_size_(o.world_size_), local_rank_(o.local_rank_), device_(o.device_), owns_(o.owns_) {
+    : rank_(o.rank_),
+      world_size_(o.world_size_),
+      local_rank_(o.local_rank_),
+      device_(o.device_),
+      owns_(o.owns_),
+      nvshmem_collectives_(o.nvshmem_collectives_) {
   o.owns_ = false;
 }
 
@@ -149,6 +160,7 @@ Communicator& Communicator::operator=(Communicator&& o) noexcept {
   if (this != &o) {
     this->~Communicator();
     rank_ = o.rank_, world_size_ = o.world_size_, local_rank_ = o.local_rank_, device_ = o.device_, owns_ = o.owns_;
+    nvshmem_collectives_ = o.nvshmem_collectives_;
     o.owns_ = false;
   }
   return *this;
@@ -195,6 +207,10 @@ void Communicator::symmetric_free(void* ptr) const {
 void Communicator::barrier_on_stream(cudaStream_t stream) const { transport::control_barrier_on_stream(stream); }
 
 void Communicator::alltoall_on_stream(void* dst, const void* src, size_t bytes_per_rank, cudaStream_t stream) const {
+  EPKIT_CHECK(owns_, "Communicator is not initialised");
+  EPKIT_CHECK(nvshmem_collectives_, "nvshmemx_alltoallmem_on_stream is not supported here: several PEs share a GPU "
+              "without MPS (NVSHMEM's \"limited MPG\" mode), where NVSHMEM would end the process instead of "
+              "returning an error; run one PE per GPU (or under MPS)");
   const int rc = nvshmemx_alltoallmem_on_stream(NVSHMEM_TEAM_WORLD, dst, src, bytes_per_rank, stream);
   EPKIT_CHECK(rc == 0, "nvshmemx_alltoallmem_on_stream(", bytes_per_rank, " bytes per rank) failed with ", rc);
 }

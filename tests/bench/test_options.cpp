@@ -79,11 +79,27 @@ TEST(BenchOptions, ErrorsNameValueAndLimit) {
   EXPECT_NE(error_of({"--preset", ","}).find("empty item"), std::string::npos);
 }
 
+TEST(BenchOptions, SmokeShortensOnlyWhatIsNotGiven) {
+  const Options s = parse_options({"--smoke"});
+  EXPECT_TRUE(s.smoke);
+  EXPECT_EQ(s.iters, kSmokeIters);
+  EXPECT_EQ(s.warmup, kSmokeWarmup);
+  EXPECT_EQ(s.graph_iters, kSmokeGraphIters);
+  EXPECT_EQ(s.ceiling_bytes, kSmokeCeilingBytes);
+  const Options g = parse_options({"--iters", "300", "--smoke", "--warmup=7", "--graph-iters", "3", "--ceiling-mib", "64"});
+  EXPECT_EQ(g.iters, 300);
+  EXPECT_EQ(g.warmup, 7);
+  EXPECT_EQ(g.graph_iters, 3);
+  EXPECT_EQ(g.ceiling_bytes, size_t{64} << 20);
+  EXPECT_FALSE(parse_options({}).smoke);
+  EXPECT_NE(error_of({"--smoke=1"}).find("takes no value"), std::string::npos);
+}
+
 TEST(BenchOptions, UsageMentionsEveryOption) {
   const std::string u = usage();
   for (const char* opt : {"--preset", "--tokens", "--hidden", "--experts", "--topk", "--dispatch-dtype", "--dp-size",
                           "--routing", "--iters", "--warmup", "--portable", "--num-sms", "--json", "--csv",
-                          "--no-baselines"}) {
+                          "--no-baselines", "--smoke"}) {
     EXPECT_NE(u.find(opt), std::string::npos) << opt;
   }
 }

@@ -116,5 +116,29 @@ TEST(BenchReport, TableAndPercent) {
   EXPECT_EQ(json_quote("a\nb\x01"), "\"a\\nb\\u0001\"");
 }
 
+TEST(BenchReport, RunNotesSayWhatTheTimingsMean) {
+  EXPECT_TRUE(run_notes(2, 2, false, 200).empty());
+  const auto one = run_notes(1, 1, false, 200);
+  ASSERT_EQ(one.size(), 1u);
+  EXPECT_NE(one[0].find("world size 1"), std::string::npos) << one[0];
+  EXPECT_NE(one[0].find("no link"), std::string::npos) << one[0];
+  EXPECT_NE(one[0].find("epkit-run -n N"), std::string::npos) << one[0];
+  const auto shared = run_notes(4, 1, true, 20);
+  ASSERT_EQ(shared.size(), 2u);
+  EXPECT_NE(shared[0].find("4 ranks share 1 GPU"), std::string::npos) << shared[0];
+  EXPECT_NE(shared[1].find("--smoke: 20 samples"), std::string::npos) << shared[1];
+
+  Report r = sample_report();
+  r.notes = shared;
+  std::ostringstream table, json;
+  print_table(table, r);
+  EXPECT_EQ(table.str().rfind("NOTE: 4 ranks share", 0), 0u) << table.str();  // first, above the numbers
+  write_json(json, r);
+  EXPECT_NE(json.str().find("\"notes\": [\"4 ranks share"), std::string::npos) << json.str();
+  std::ostringstream none;
+  write_json(none, sample_report());
+  EXPECT_NE(none.str().find("\"notes\": [],\n  \"ceilings\""), std::string::npos) << none.str();
+}
+
 }  // namespace
 }  // namespace epkit::bench

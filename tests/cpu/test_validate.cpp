@@ -158,13 +158,105 @@ TEST(Validate, EachBadCombineArgumentIsNamed) {
   const kernels::CombineIO io = host::check_combine_args(c, good_combine(c), true, true, "combine");
   EXPECT_EQ(io.idx_type, kernels::kIdxInt32);
   EXPECT_EQ(io.m.host_m, 5);
-  bad([](auto& a) { a.expert_y.dtype = DType::kFP32; }, "expert_y has dtype fp32, expected bf16");
+  bad([](auto& a) { a.expert_y.dtype = DType::kFP32; }, "expert_y has dtype fp32, expected bf16 or fp16 (combine_in_dtype is 2-byte");
+  bad([](auto& a) { a.expert_y.dtype = DType::kFP8E4M3; }, "expert_y has dtype fp8_e4m3");
   bad([](auto& a) { a.expert_y.shape[2] = 128; }, "expert_y has shape");
   bad([](auto& a) { a.topk_weights = Tensor(); }, "topk_weights is missing");
   bad([](auto& a) { a.topk_weights.dtype = DType::kBF16; }, "topk_weights has dtype bf16");
-  bad([](auto& a) { a.out.dtype = DType::kFP16; }, "out has dtype fp16, expected bf16");
+  bad([](auto& a) { a.out.dtype = DType::kFP32; }, "out has dtype fp32, expected bf16 or fp16");
   bad([](auto& a) { a.out.shape[0] = 4; }, "exceeds the tensors' first dimension = 4");
   bad([](auto& a) { a.topk_idx.shape[0] = -1; }, "topk_idx has negative dim 0");
+}
+
+// The config fixes element sizes; each call picks the types of that size from its tensors.
+TEST(Validate, DTypesComeFromTheTensorsWithinTheConfigsElementSizes) {
+  const AllToAllConfig c16 = cfg(false);  // bf16 payload, bf16 expert outputs, bf16 out
+  for (DType x : {DType::kBF16, DType::kFP16}) {
+    DispatchArgs d = good_dispatch(c16);
+    d.x.dtype = d.expert_x.dtype = x;
+    host::LayerDTypes layer = host::config_dtypes(c16);
+    EXPECT_NO_THROW(host::check_dispatch_args(c16, d, true, true, "dispatch", layer));
+    EXPECT_EQ(layer.payload, x);
+  }
+  for (DType in : {DType::kBF16, DType::kFP16})
+    for (DType out : {DType::kBF16, DType::kFP16}) {
+      CombineArgs cb = good_combine(c16);
+      cb.expert_y.dtype = in;
+      cb.out.dtype = out;
+      host::LayerDTypes layer = host::config_dtypes(c16);
+      EXPECT_NO_THROW(host::check_combine_args(c16, cb, true, true, "combine", layer));
+      EXPECT_EQ(layer.combine_in, in);
+      EXPECT_EQ(layer.combine_out, out);
+    }
+  DispatchArgs d = good_dispatch(c16);
+  d.x.dtype = DType::kFP8E4M3;  // another element size
+  expect_error([&] { host::check_dispatch_args(c16, d, true, true, "dispatch"); },
+               "x has dtype fp8_e4m3, expected bf16 or fp16");
+  d = good_dispatch(c16);
+  d.expert_x.dtype = DType::kFP16;  // bytes of bf16 under an fp16 label
+  expect_error([&] { host::check_dispatch_args(c16, d, true, true, "dispatch"); },
+               "dispatch: expert_x is fp16 but x is bf16");
+
+  const AllToAllConfig c8 = cfg(true);  // fp8 payload, bf16 expert outputs: fp16 combine is fine
+  CombineArgs cb = good_combine(c8);
+  cb.expert_y.dtype = DType::kFP16;
+  cb.out.dtype = DType::kFP16;
+  EXPECT_NO_THROW(host::check_combine_args(c8, cb, true, true, "combine"));
+  DispatchArgs d8 = good_dispatch(c8);
+  d8.x.dtype = d8.expert_x.dtype = DType::kFP16;
+  expect_error([&] { host::check_dispatch_args(c8, d8, true, true, "dispatch"); },
+               "x has dtype fp16, expected fp8_e4m3");
+
+  AllToAllConfig c32 = cfg(false);
+  c32.combine_in_dtype = DType::kFP32;  // 4-byte expert outputs: fp32 only
+  cb = good_combine(c32);
+  EXPECT_NO_THROW(host::check_combine_args(c32, cb, true, true, "combine"));
+  cb.expert_y.dtype = DType::kBF16;
+  expect_error([&] { host::check_combine_args(c32, cb, true, true, "combine"); },
+               "expert_y has dtype bf16, expected fp32 (combine_in_dtype = fp32)");
+}
+
+// A receive half has no inputs to read the dtypes from: it must match what its send half recorded.
+TEST(Validate, ReceiveHalvesMatchTheirSendHalf) {
+  const AllToAllConfig c = cfg(false);
+  host::LayerDTypes layer = host::config_dtypes(c);
+  DispatchArgs d = good_dispatch(c);
+  d.x.dtype = d.expert_x.dtype = DType::kFP16;
+  EXPECT_NO_THROW(host::check_dispatch_args(c, d, true, false, "dispatch_send", layer));
+  EXPECT_EQ(layer.payload, DType::kFP16);
+  EXPECT_NO_THROW(host::check_dispatch_args(c, d, false, true, "dispatch_recv", layer));
+  DispatchArgs other = d;
+  other.expert_x.dtype = DType::kBF16;
+  expect_error([&] { host::check_dispatch_args(c, other, false, true, "dispatch_recv", layer); },
+               "dispatch_recv: expert_x is bf16 but x was (at dispatch_send) fp16");
+
+  CombineArgs cb = good_combine(c);
+  cb.out.dtype = DType::kFP16;
+  EXPECT_NO_THROW(host::check_combine_args(c, cb, true, false, "combine_send", layer));
+  EXPECT_EQ(layer.combine_out, DType::kFP16);
+  EXPECT_NO_THROW(host::check_combine_args(c, cb, false, true, "combine_recv", layer));
+  CombineArgs swapped = cb;
+  swapped.out.dtype = DType::kBF16;
+  expect_error([&] { host::check_combine_args(c, swapped, false, true, "combine_recv", layer); },
+               "combine_recv: out is bf16 but combine_send packed this layer's partials as fp16");
+  // A send half without out packs in the config's type; a failed check records nothing.
+  CombineArgs no_out = good_combine(c);
+  no_out.out = Tensor();
+  EXPECT_NO_THROW(host::check_combine_args(c, no_out, true, false, "combine_send", layer));
+  EXPECT_EQ(layer.combine_out, DType::kBF16);
+  CombineArgs bad = good_combine(c);
+  bad.expert_y.dtype = DType::kFP16;
+  bad.out.dtype = DType::kFP16;
+  bad.topk_weights = Tensor();
+  EXPECT_THROW(host::check_combine_args(c, bad, true, false, "combine_send", layer), Error);
+  EXPECT_EQ(layer.combine_in, DType::kBF16);
+  EXPECT_EQ(layer.combine_out, DType::kBF16);
+  // An empty out (m = 0, no storage) still says its type.
+  CombineArgs empty = good_combine(c);
+  empty.num_tokens = 0;
+  empty.out = Tensor(nullptr, DType::kFP16, {0, c.hidden});
+  EXPECT_NO_THROW(host::check_combine_args(c, empty, true, true, "combine", layer));
+  EXPECT_EQ(layer.combine_out, DType::kFP16);
 }
 
 TEST(Validate, WeightsAtDispatchMoveTheWeights) {

@@ -240,6 +240,39 @@ TEST(AllToAll, LargeCallsLookBackHistogram) {
   cudaStreamDestroy(st);
 }
 
+// One object serves every dtype its element sizes allow, chosen per call: a bf16 object takes
+// bf16/fp16 payloads, expert outputs and outputs in any combination, an fp8 one bf16/fp16 combine.
+// Each layer's buffers, inputs and reference come from a copy of the config with the call's dtypes.
+TEST(AllToAll, DTypesChosenPerCall) {
+  const DType b16 = DType::kBF16, f16 = DType::kFP16;
+  cudaStream_t st;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), cudaSuccess);
+  int layer = 0;
+  for (DType base_payload : {b16, DType::kFP8E4M3}) {
+    AllToAllConfig base = make_config(2048, 6, 64, base_payload, 0);
+    base.combine_in_dtype = base.combine_out_dtype = b16;
+    base.weights_at_dispatch = false;
+    AllToAll a2a(comm(), base);
+    const std::vector<DType> payloads = base_payload == b16 ? std::vector<DType>{b16, f16} : std::vector<DType>{base_payload};
+    for (DType payload : payloads)
+      for (DType in : {b16, f16})
+        for (DType out : {b16, f16}) {
+          ++layer;
+          AllToAllConfig call = base;
+          call.dispatch_dtype = payload, call.combine_in_dtype = in, call.combine_out_dtype = out;
+          RankBuffers b;
+          b.allocate(call, idx_type(layer));
+          const int m = 1 + layer * 3 % kM;
+          const std::string problem = checked_layer(a2a, call, b, Routing::kUniform, m, case_seed(95000 + layer), st, [&] {
+            run_layer(a2a, call, b, m, layer % 2 == 0, layer % 3 == 0, st);  // fused and split, host and device m
+            return std::string();
+          });
+          AGREE_OR_FAIL(problem, "object " + to_string(base) + ", call " + describe(call, Routing::kUniform, m));
+        }
+  }
+  cudaStreamDestroy(st);
+}
+
 TEST(AllToAll, EightLayersWithoutHostSync) {
   const AllToAllConfig cfg = make_config(7168, 8, 256, DType::kFP8E4M3, 3);
   AllToAll a2a(comm(), cfg);

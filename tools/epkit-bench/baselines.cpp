@@ -66,6 +66,11 @@ void time_dense(const Communicator& comm, const Case& c, const AlgorithmicBytes&
   set_bandwidth(row, bytes.dispatch_per_rank, bytes.combine_per_rank, ceilings.p2p_gbps);
 }
 
+int visible_gpus() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
+}
+
 // Whether this rank's GPU fits both padded buffers, agreed by all ranks (so all skip or none).
 [[maybe_unused]] bool all_ranks_fit(const Communicator& comm, size_t need, std::string& why) {
   size_t free_b = 0, total_b = 0;
@@ -81,6 +86,27 @@ void time_dense(const Communicator& comm, const Case& c, const AlgorithmicBytes&
 
 }  // namespace
 
+int distinct_gpus(const Communicator& comm) {
+  std::array<char, 128> me{};
+  char host[64] = {};
+  gethostname(host, sizeof host - 1);
+  char bus[32] = {};
+  cuda_check(cudaDeviceGetPCIBusId(bus, sizeof bus, comm.device()), "cudaDeviceGetPCIBusId");
+  std::snprintf(me.data(), me.size(), "%s/%s", host, bus);
+  std::vector<std::array<char, 128>> all(comm.world_size());
+  comm.allgather(me.data(), me.size(), all.data());
+  std::set<std::string> distinct;
+  for (const auto& a : all) distinct.insert(a.data());
+  return static_cast<int>(distinct.size());
+}
+
+std::string nvshmem_baseline_skip_reason(const Communicator& comm) {
+  if (comm.nvshmem_collectives_supported()) return "";
+  return detail::concat("skipped: NVSHMEM refuses its collectives when PEs share a GPU without MPS "
+                        "(\"limited MPG\"), and ends the process; ", comm.world_size(), " ranks on ",
+                        visible_gpus(), " visible GPU(s)");
+}
+
 size_t dense_buffer_bytes(const AllToAllConfig& cfg) { return dense_sizes(cfg).buffer; }
 
 struct NcclBaseline::Impl {
@@ -95,19 +121,10 @@ NcclBaseline::NcclBaseline(const Communicator& comm, NcclMode mode) : comm_(comm
   reason_ = "epkit-bench was built without NCCL (cmake/NCCL.cmake found none)";
 #else
   // NCCL refuses two ranks on one GPU (epkit's functional runs do that); find out before it does.
-  std::array<char, 128> me{};
-  char host[64] = {};
-  gethostname(host, sizeof host - 1);
-  char bus[32] = {};
-  cuda_check(cudaDeviceGetPCIBusId(bus, sizeof bus, comm.device()), "cudaDeviceGetPCIBusId");
-  std::snprintf(me.data(), me.size(), "%s/%s", host, bus);
-  std::vector<std::array<char, 128>> all(comm.world_size());
-  comm.allgather(me.data(), me.size(), all.data());
-  std::set<std::string> distinct;
-  for (const auto& a : all) distinct.insert(a.data());
-  if (static_cast<int>(distinct.size()) != comm.world_size()) {
-    reason_ = detail::concat("skipped: NCCL needs one rank per GPU; ", comm.world_size(), " ranks share ",
-                             distinct.size(), " GPUs");
+  const int gpus = distinct_gpus(comm);
+  if (gpus != comm.world_size()) {
+    reason_ = detail::concat("skipped: NCCL needs one rank per GPU; ", comm.world_size(), " ranks share ", gpus,
+                             " GPUs");
     return;
   }
   ncclUniqueId id{};
@@ -194,6 +211,10 @@ Row run_nvshmem_baseline(const Communicator& comm, const Case& c, const Algorith
                          const Ceilings& ceilings, cudaStream_t stream) {
   Row row = make_row_identity(c, "nvshmem");
   row.path = "nvshmemx_alltoallmem_on_stream, padded";
+  if (!comm.nvshmem_collectives_supported()) {
+    row.note = nvshmem_baseline_skip_reason(comm);
+    return row;
+  }
   const DenseSizes sz = dense_sizes(c.cfg);
   // Symmetric allocation released on every exit path (collective, like the allocation).
   struct Sym {

@@ -16,6 +16,9 @@
 
 namespace epkit::bench {
 
+// GPUs the ranks run on (host name + PCI bus id), <= world size. Collective.
+int distinct_gpus(const Communicator& comm);
+
 // Bytes of one padded send (or receive) buffer of case config `cfg`: W chunks of the larger direction.
 size_t dense_buffer_bytes(const AllToAllConfig& cfg);
 
@@ -44,8 +47,12 @@ class NcclBaseline {
   std::unique_ptr<Impl> impl_;
 };
 
+// Why the NVSHMEM baseline cannot run here ("" if it can): NVSHMEM ends the process on its
+// collectives when PEs share a GPU without MPS. The same on every rank.
+std::string nvshmem_baseline_skip_reason(const Communicator& comm);
+
 // The "nvshmem" row of case `c`: nvshmemx_alltoallmem_on_stream through Communicator::alltoall_on_stream
-// on symmetric buffers. Collective.
+// on symmetric buffers, or a row whose note says why it was skipped. Collective.
 Row run_nvshmem_baseline(const Communicator& comm, const Case& c, const AlgorithmicBytes& bytes, const Options& opt,
                          const Ceilings& ceilings, cudaStream_t stream);
 

@@ -54,6 +54,15 @@ Ceilings measure_ceilings(const Communicator& comm, const Options& opt, cudaStre
   Ceilings c;
   probes::CopyProbeOptions copt;
   copt.bytes = opt.ceiling_bytes;
+  // --smoke: each probe still runs, with few samples (several ranks per GPU make every round trip a
+  // context switch, which is what made the full probes slow there).
+  probes::PingPongOptions popt;
+  probes::LaunchFloorOptions lopt;
+  if (opt.smoke) {
+    copt.warmup = 1, copt.samples = 3;
+    popt.round_trips = 10, popt.samples = 3;
+    lopt.samples = opt.iters;
+  }
   const probes::CopyProbeResult copy = probes::measure_copy_bandwidth(comm, copt, stream);
   c.p2p_method = copy.method;
   c.p2p_bytes = static_cast<int64_t>(copy.bytes);
@@ -70,7 +79,7 @@ Ceilings measure_ceilings(const Communicator& comm, const Options& opt, cudaStre
     c.hbm_copy_us_median = summarize_slowest(comm, hbm.sample_us).median;
     c.hbm_copy_gbps = gb_per_s(2.0 * static_cast<double>(hbm.bytes), c.hbm_copy_us_median);
   }
-  const probes::PingPongResult pp = probes::measure_put_signal_latency(comm, probes::PingPongOptions{}, stream);
+  const probes::PingPongResult pp = probes::measure_put_signal_latency(comm, popt, stream);
   c.put_signal_bytes = static_cast<int64_t>(pp.bytes);
   if (comm.world_size() < 2) {
     c.put_signal_method = "none: one rank has no peer";
@@ -83,7 +92,7 @@ Ceilings measure_ceilings(const Communicator& comm, const Options& opt, cudaStre
     c.put_signal_us_median = s.median;
     c.put_signal_us_p99 = s.p99;
   }
-  const probes::LaunchFloorResult lf = probes::measure_launch_floor(comm, probes::LaunchFloorOptions{}, stream);
+  const probes::LaunchFloorResult lf = probes::measure_launch_floor(comm, lopt, stream);
   c.launch_floor_blocks = lf.blocks;
   c.empty_kernel_us_median = summarize_slowest(comm, lf.empty_us).median;
   c.empty_one_warp_us_median = summarize_slowest(comm, lf.empty_one_warp_us).median;
@@ -123,11 +132,16 @@ int run(const std::vector<std::string>& argv) {
   Stream stream;
 
   Report rep;
+  rep.notes = run_notes(comm.world_size(), distinct_gpus(comm), opt.smoke, opt.iters);
+  if (lead)
+    for (const std::string& n : rep.notes) std::fprintf(stderr, "[epkit-bench] NOTE: %s\n", n.c_str());
   rep.ceilings = measure_ceilings(comm, opt, stream.get());
   std::unique_ptr<NcclBaseline> nccl;
   if (opt.baselines) {
     nccl = std::make_unique<NcclBaseline>(comm, opt.nccl_mode);
     if (lead && !nccl->available()) std::fprintf(stderr, "[epkit-bench] NCCL baseline: %s\n", nccl->unavailable_reason().c_str());
+    const std::string nvshmem_skip = nvshmem_baseline_skip_reason(comm);
+    if (lead && !nvshmem_skip.empty()) std::fprintf(stderr, "[epkit-bench] NVSHMEM baseline: %s\n", nvshmem_skip.c_str());
   }
   if (lead) rep.meta = collect_meta(comm, nccl ? nccl->version() : "not run", argv);
   if (lead) write_outputs(rep, opt);

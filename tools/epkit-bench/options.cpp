@@ -67,6 +67,7 @@ std::vector<int> parse_int_list(const std::string& option, const std::string& te
 Options parse_options(const std::vector<std::string>& args) {
   Options o;
   bool presets_given = false;
+  bool iters_given = false, warmup_given = false, graph_iters_given = false, ceiling_given = false;
   for (size_t i = 0; i < args.size(); ++i) {
     std::string name = args[i];
     std::string value;
@@ -94,6 +95,8 @@ Options parse_options(const std::vector<std::string>& args) {
       flag(o.weights_at_dispatch);
     } else if (name == "--stage-timers") {
       flag(o.stage_timers);
+    } else if (name == "--smoke") {
+      flag(o.smoke);
     } else if (name == "--no-baselines") {
       bool off = false;
       flag(off);
@@ -138,10 +141,13 @@ Options parse_options(const std::vector<std::string>& args) {
     } else if (name == "--seed") {
       o.seed = static_cast<uint64_t>(parse_int(name, next(), 0, INT64_MAX));
     } else if (name == "--iters") {
+      iters_given = true;
       o.iters = static_cast<int>(parse_int(name, next(), 200, 1000000));
     } else if (name == "--warmup") {
+      warmup_given = true;
       o.warmup = static_cast<int>(parse_int(name, next(), 0, 1000000));
     } else if (name == "--graph-iters") {
+      graph_iters_given = true;
       o.graph_iters = static_cast<int>(parse_int(name, next(), 1, 1000));
     } else if (name == "--num-sms") {
       o.num_sms = static_cast<int>(parse_int(name, next(), 0, 1024));
@@ -155,6 +161,7 @@ Options parse_options(const std::vector<std::string>& args) {
         EPKIT_FAIL("--nccl-mode: '", v, "' is not one of alltoall, sendrecv");
       }
     } else if (name == "--ceiling-mib") {
+      ceiling_given = true;
       o.ceiling_bytes = static_cast<size_t>(parse_int(name, next(), 1, 16384)) << 20;
     } else if (name == "--json") {
       o.json_path = next();
@@ -167,6 +174,12 @@ Options parse_options(const std::vector<std::string>& args) {
     }
   }
   EPKIT_CHECK(!o.presets.empty(), "--preset: needs at least one preset");
+  if (o.smoke) {
+    if (!iters_given) o.iters = kSmokeIters;
+    if (!warmup_given) o.warmup = kSmokeWarmup;
+    if (!graph_iters_given) o.graph_iters = kSmokeGraphIters;
+    if (!ceiling_given) o.ceiling_bytes = kSmokeCeilingBytes;
+  }
   return o;
 }
 
@@ -194,6 +207,8 @@ Run as: epkit-run -n N epkit-bench [options]
   --weights-at-dispatch  router weights travel with dispatch; combine exchanges none
   --stage-timers         print block 0's per-stage times (needs a -DEPKIT_STAGE_TIMERS=ON build)
   --num-sms N            blocks the kernels may use; default 0 = all SMs
+  --smoke                check that every mode, baseline and probe runs: 20 samples, 2 warm-up, 2 graph
+                         pairs, a 16 MiB copy probe (unless given); the numbers are not measurements
   --no-baselines         skip the NCCL and NVSHMEM dense all-to-all baselines
   --nccl-mode M          alltoall (ncclAlltoAll where the NCCL build has it) | sendrecv (grouped, as torch does)
   --ceiling-mib N        bytes of the P2P copy that measures the bandwidth ceiling; default 256

@@ -16,6 +16,10 @@ const char* routing_name(RoutingKind k);
 enum class NcclMode { kAlltoAll, kSendRecv };
 const char* nccl_mode_name(NcclMode m);
 
+// What --smoke sets where the option itself is not given.
+inline constexpr int kSmokeIters = 20, kSmokeWarmup = 2, kSmokeGraphIters = 2;
+inline constexpr size_t kSmokeCeilingBytes = size_t{16} << 20;
+
 struct Options {
   // Presets to run, in order (--preset, repeatable or comma list).
   std::vector<std::string> presets = {"decode", "decode-v2lite", "prefill"};
@@ -32,7 +36,7 @@ struct Options {
   RoutingKind routing = RoutingKind::kUniform;
   double zipf_s = 1.0;                        // skewed routing: popularity of the i-th expert ~ 1/(i+1)^s
   uint64_t seed = 1;                          // routing and input seed (per DP group it is mixed with the group index)
-  int iters = 200;                            // timed samples per mode, >= 200 (p99 needs them)
+  int iters = 200;                            // timed samples per mode, >= 200 (p99 needs them); --smoke: 20
   int warmup = 20;                            // untimed iterations before each mode, >= 0
   int graph_iters = 10;                       // dispatch+combine pairs captured in one CUDA graph, >= 1
   bool portable = false;                      // force DataPath::kPortable
@@ -42,6 +46,9 @@ struct Options {
   bool baselines = true;                      // run the NCCL and NVSHMEM dense baselines
   NcclMode nccl_mode = NcclMode::kAlltoAll;   // ncclAlltoAll (if the NCCL build has it) or grouped send/recv
   size_t ceiling_bytes = size_t{256} << 20;   // size of the P2P copy used to measure the bandwidth ceiling
+  // --smoke: every mode, baseline and probe runs with few samples (kSmoke* below, unless given), to
+  // show that they run to completion; the numbers mean nothing and the table says so.
+  bool smoke = false;
   std::string json_path;                      // --json FILE ("" = none)
   std::string csv_path;                       // --csv FILE ("" = none)
   bool help = false;

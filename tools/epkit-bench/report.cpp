@@ -107,13 +107,35 @@ std::string json_quote(const std::string& s) {
   return out + "\"";
 }
 
+std::vector<std::string> run_notes(int world_size, int gpus, bool smoke, int iters) {
+  std::vector<std::string> n;
+  if (world_size == 1) {
+    n.push_back(
+        "world size 1: one rank, no peer. Dispatch and combine only move tokens within this GPU (a local "
+        "permutation; no link is crossed), so these are the kernels' fixed costs and local copies, not "
+        "communication. More ranks: epkit-run -n N -- epkit-bench (N > the GPU count puts several ranks on a "
+        "GPU: the results stay correct, the timings mean nothing)");
+  } else if (gpus < world_size) {
+    n.push_back(std::to_string(world_size) + " ranks share " + std::to_string(gpus) +
+                " GPU(s): the processes time-slice each GPU, so no timing below means anything; the run only "
+                "shows that every mode completes");
+  }
+  if (smoke)
+    n.push_back("--smoke: " + std::to_string(iters) +
+                " samples per mode and short probes; the numbers only show that every mode ran");
+  return n;
+}
+
 void write_json(std::ostream& os, const Report& r) {
   os << "{\n  \"meta\": {";
   for (size_t i = 0; i < r.meta.size(); ++i) {
     os << (i ? "," : "") << "\n    " << json_quote(r.meta[i].first) << ": " << json_quote(r.meta[i].second);
   }
+  os << "\n  },\n  \"notes\": [";
+  for (size_t i = 0; i < r.notes.size(); ++i) os << (i ? ", " : "") << json_quote(r.notes[i]);
+  os << "]";
   const Ceilings& c = r.ceilings;
-  os << "\n  },\n  \"ceilings\": {"
+  os << ",\n  \"ceilings\": {"
      << "\n    \"p2p_gbps\": " << json_value(c.p2p_gbps) << ",\n    \"p2p_us_median\": " << json_value(c.p2p_us_median)
      << ",\n    \"p2p_us_p99\": " << json_value(c.p2p_us_p99) << ",\n    \"p2p_bytes\": " << c.p2p_bytes
      << ",\n    \"p2p_method\": " << json_quote(c.p2p_method)
@@ -154,6 +176,7 @@ void write_csv(std::ostream& os, const Report& r) {
 
 void print_table(std::ostream& os, const Report& r) {
   const Ceilings& c = r.ceilings;
+  for (const std::string& n : r.notes) os << "NOTE: " << n << "\n";
   os << "ceilings: P2P copy " << fixed(c.p2p_gbps, 1) << " GB/s per direction (" << c.p2p_method
      << "); put-with-signal one-way " << fixed(c.put_signal_us_median, 2) << " us median, "
      << fixed(c.put_signal_us_p99, 2) << " us p99 (" << c.put_signal_method << "); device memory copy "

@@ -87,6 +87,7 @@ struct Ceilings {
 
 struct Report {
   std::vector<std::pair<std::string, std::string>> meta;  // gpu, driver, versions, commit, date, command line
+  std::vector<std::string> notes;  // how to read this run (run_notes), above the table and in the JSON
   Ceilings ceilings;
   std::vector<Row> rows;
 };
@@ -106,6 +107,10 @@ double pct_of(double gbps, double ceiling_gbps);
 // each direction, GB/s at the median time, and % of the P2P ceiling. epkit and the baselines use
 // the same numerator so their percentages compare directly.
 void set_bandwidth(Row& row, double dispatch_bytes_per_rank, double combine_bytes_per_rank, double ceiling_gbps);
+
+// What a reader of the table must know about a run of `world_size` ranks on `gpus` distinct GPUs:
+// world size 1 crosses no link; ranks sharing a GPU time-slice it; --smoke takes too few samples.
+std::vector<std::string> run_notes(int world_size, int gpus, bool smoke, int iters);
 
 void write_json(std::ostream& os, const Report& r);
 void write_csv(std::ostream& os, const Report& r);
