@@ -2,6 +2,8 @@
 // template dispatch, over gemm_configs.def).
 #include <cuda_runtime.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include "epkit/error.hpp"
@@ -28,7 +30,15 @@ std::unique_ptr<detail::GemmImpl> make_impl(const GroupedGemmShape& shape, const
 
 GroupedGemm::GroupedGemm(const GroupedGemmShape& shape) : GroupedGemm(shape, choose_gemm_config(shape)) {}
 
-GroupedGemm::GroupedGemm(const GroupedGemmShape& shape, const GemmConfig& cfg) : impl_(make_impl(shape, cfg)) {}
+// EPKIT_MOE_LOG=1 prints each object's shape and config (which instantiation a layer really runs).
+GroupedGemm::GroupedGemm(const GroupedGemmShape& shape, const GemmConfig& cfg) : impl_(make_impl(shape, cfg)) {
+  if (const char* e = std::getenv("EPKIT_MOE_LOG"); e && *e && *e != '0') {
+    std::fprintf(stderr, "[epkit] grouped GEMM G=%d n=%d k=%d %s rows=%d expected_m=%d -> %s (%s), workspace %zu B\n",
+                 shape.num_groups, shape.n, shape.k, layout_name(shape.layout), shape.rows, shape.expected_m,
+                 to_string(cfg).c_str(), cfg == choose_gemm_config(shape) ? "heuristic" : "forced",
+                 impl_->workspace_bytes());
+  }
+}
 
 GroupedGemm::~GroupedGemm() = default;
 GroupedGemm::GroupedGemm(GroupedGemm&&) noexcept = default;

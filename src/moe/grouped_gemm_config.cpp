@@ -87,6 +87,38 @@ GemmConfig choose_gemm_config(const GroupedGemmShape& s) {
 
 namespace {
 
+int64_t rows_of(const GroupedGemmShape& s, int32_t count) {
+  if (count < 0) return 0;
+  return s.layout == ExpertLayout::kMasked && count > s.rows ? s.rows : count;
+}
+
+void check_counts(const GroupedGemmShape& s, const std::vector<int32_t>& counts) {
+  EPKIT_CHECK(static_cast<int64_t>(counts.size()) == s.num_groups, "grouped GEMM: ", counts.size(),
+              " counts for num_groups = ", s.num_groups);
+}
+
+}  // namespace
+
+int64_t grouped_gemm_weight_bytes(const GroupedGemmShape& s, const std::vector<int32_t>& counts) {
+  validate(s);
+  check_counts(s, counts);
+  const int64_t per_group = static_cast<int64_t>(s.n) * s.k +
+                            static_cast<int64_t>((s.n + kScaleBlock - 1) / kScaleBlock) * (s.k / kScaleBlock) * 4;
+  int64_t bytes = 0;
+  for (int32_t c : counts) bytes += rows_of(s, c) > 0 ? per_group : 0;
+  return bytes;
+}
+
+double grouped_gemm_flops(const GroupedGemmShape& s, const std::vector<int32_t>& counts) {
+  validate(s);
+  check_counts(s, counts);
+  double rows = 0;
+  for (int32_t c : counts) rows += static_cast<double>(rows_of(s, c));
+  return 2.0 * rows * s.n * s.k;
+}
+
+namespace {
+
 // Checks dtype, rank, dims and pointer alignment of one tensor. An empty tensor may have no storage.
 void check_tensor(const Tensor& t, const char* name, DType dtype, std::initializer_list<int64_t> dims, size_t align) {
   const bool empty = t.ndim > 0 && t.numel() == 0;

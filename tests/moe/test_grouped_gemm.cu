@@ -265,6 +265,16 @@ TEST(GroupedGemm, ManyTilesAcrossGroups) {
   run_all_configs("masked G=16 N=2048 many tiles", make_case(moe_test::case_seed(6), masked(16, 2048, 512, 64), counts));
 }
 
+// The tile scheduler looks for a tile's group 32 groups at a time (one per lane): more groups than
+// that, with a run of more than 32 empty ones, and empty groups at the end.
+TEST(GroupedGemm, MoreGroupsThanAWarpWithLongEmptyRuns) {
+  std::mt19937_64 rng(moe_test::case_seed(18));
+  std::vector<int32_t> counts(72, 0);
+  for (int g = 40; g < 68; ++g) counts[g] = std::uniform_int_distribution<int>(0, 24)(rng);
+  counts[0] = 24, counts[45] = 1;
+  run_all_configs("masked G=72", make_case(moe_test::case_seed(19), masked(72, 128, 256, 24), counts));
+}
+
 TEST(GroupedGemm, PackedAlignedOffsets) {
   run_all_configs("packed offsets aligned to 64",
                   make_case(moe_test::case_seed(7), packed(4, 256, 512, 320), {50, 0, 129, 3}, {0, 64, 64, 256, 320}));

@@ -125,6 +125,18 @@ TEST(GroupedGemmConfig, ValidateNamesTheFieldAndTheLimit) {
   EXPECT_ERROR_HAS(choose_gemm_config(with([](auto& s) { s.k = 100; })), "k = 100");
 }
 
+TEST(GroupedGemmConfig, TrafficFormulasSkipEmptyGroupsAndClampCounts) {
+  const GroupedGemmShape s{4, 4096, 7168, ExpertLayout::kMasked, 64, 0};
+  const int64_t per_group = 4096LL * 7168 + 32 * 56 * 4;
+  EXPECT_EQ(grouped_gemm_weight_bytes(s, {1, 0, 64, -3}), 2 * per_group);
+  EXPECT_EQ(grouped_gemm_flops(s, {1, 0, 100, -3}), 2.0 * 65 * 4096 * 7168);  // 100 clamped to rows = 64
+  GroupedGemmShape p = s;
+  p.layout = ExpertLayout::kPacked;
+  p.rows = 1000;
+  EXPECT_EQ(grouped_gemm_flops(p, {1, 0, 100, 3}), 2.0 * 104 * 4096 * 7168);
+  EXPECT_ERROR_HAS(grouped_gemm_flops(s, {1, 2}), "2 counts for num_groups = 4");
+}
+
 // Fake, never dereferenced device addresses with chosen alignment.
 void* fake(uintptr_t addr) { return reinterpret_cast<void*>(addr); }
 

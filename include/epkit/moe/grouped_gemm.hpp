@@ -70,6 +70,13 @@ std::vector<GemmConfig> available_gemm_configs();
 // The one heuristic: the config GroupedGemm(shape) uses. Validates the shape first.
 GemmConfig choose_gemm_config(const GroupedGemmShape& shape);
 
+// What a run must move and compute for given host-side counts (the benchmark's formulas): weight
+// bytes count the fp8 weights and their fp32 scales of the groups with at least one row (an empty
+// group's weights are never read); flops = 2 * sum(rows) * N * K. Counts are taken as the kernels
+// take them (masked: clamped to [0, rows]; negative = 0).
+int64_t grouped_gemm_weight_bytes(const GroupedGemmShape& shape, const std::vector<int32_t>& counts);
+double grouped_gemm_flops(const GroupedGemmShape& shape, const std::vector<int32_t>& counts);
+
 // One run's tensors (non-owning device views, contiguous row-major; see ExpertLayout).
 struct GroupedGemmArgs {
   Tensor a;        // tokens: masked [G, rows, K] / packed [R, K] fp8_e4m3 (exactly what dispatch writes)
@@ -99,7 +106,8 @@ class GemmImpl;
 // A grouped GEMM for one fixed shape. The constructor allocates and initialises everything (device
 // workspace, CUTLASS parameters and TMA descriptor templates) on the current device; run() then
 // allocates nothing and never synchronises, so it can be captured in a CUDA graph. One run may be in
-// flight per object at a time (the per-group arguments live in its workspace).
+// flight per object at a time (the per-group arguments live in its workspace). Needs an sm_90 GPU.
+// EPKIT_MOE_LOG=1 prints each object's shape and config to stderr when it is built.
 class GroupedGemm {
  public:
   explicit GroupedGemm(const GroupedGemmShape& shape);                // config from choose_gemm_config
@@ -115,8 +123,8 @@ class GroupedGemm {
   // Throws epkit::Error on bad args, on another current device than the constructor's, or if a launch fails.
   void run(const GroupedGemmArgs& args, cudaStream_t stream);
 
-  const GroupedGemmShape& shape() const;
-  const GemmConfig& config() const;
+  const GroupedGemmShape& shape() const;  // as constructed
+  const GemmConfig& config() const;       // the instantiation it runs
   size_t workspace_bytes() const;  // device bytes this object owns
 
  private:
