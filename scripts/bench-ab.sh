@@ -76,9 +76,10 @@ for t in trees:
         for row in json.load(open(f"{out}/{t}-{r}.json"))["rows"]:
             if row["system"] != "epkit":
                 continue
-            key = (t, row["preset"], row["tokens"], row["path"])
+            path = row["path"] + ("+packed" if row.get("layout") == "packed" else "")
+            key = (t, row["preset"], row["tokens"], path)
             rows.setdefault(key, []).append([row.get(f) for f in F])
-            print(f"{t:>10} round {r}  {row['preset']:<14} {row['tokens']:>5} {row['path']:<26}",
+            print(f"{t:>10} round {r}  {row['preset']:<14} {row['tokens']:>5} {path:<26}",
                   "  ".join(f"{v:9.1f}" if v is not None else "        -" for v in rows[key][-1]))
 print(f"\nmedian over {reps} rounds: dispatch, combine, total, graph (us)")
 for key, vals in sorted(rows.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][3], kv[0][0])):

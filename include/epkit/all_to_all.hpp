@@ -33,19 +33,22 @@ struct DispatchArgs {
   Tensor topk_idx;           // [rows >= m, K] int32, int64 or uint32; negative (or 0xffffffff) = no expert
   int num_tokens = -1;       // m on the host, 0 <= m <= M; or -1 with num_tokens_device
   const int32_t* num_tokens_device = nullptr;  // one-element device int holding m (one graph serves any m)
-  Tensor expert_x;           // [E/W, capacity, H], x's dtype (output). Per expert, the slots hold
-                             // this rank's own tokens, then those sent by rank + 1, ..., W - 1, 0, ...,
-                             // rank - 1, one contiguous run per sender (ref::dispatch_slots); the order
-                             // within one sender's run is unspecified
-  Tensor expert_x_scale;     // [E/W, capacity, ceil(H/128)] fp32 (output, fp8 only)
-  Tensor expert_num_tokens;  // [E/W] int32 (output): tokens placed per local expert
+  // Outputs, in the config's layout (layout.hpp: ExpertShapes gives the shapes). Per expert, the rows
+  // hold this rank's own tokens, then those sent by rank + 1, ..., W - 1, 0, ..., rank - 1, one
+  // contiguous run per sender (ref::dispatch_slots); the order within one sender's run is unspecified.
+  Tensor expert_x;           // masked [E/W, capacity, H]; packed [R, H]; x's dtype
+  Tensor expert_x_scale;     // masked [E/W, capacity, ceil(H/128)]; packed [R, ceil(H/128)]; fp32 (fp8 only)
+  Tensor expert_num_tokens;  // [E/W] int32: rows placed per local expert
+  Tensor expert_offsets;     // [E/W + 1] int32, packed only (required there, absent otherwise): expert e's
+                             // rows are expert_offsets[e] + [0, expert_num_tokens[e]); each offset is a
+                             // multiple of packed_row_align, and the last is the rows in use (<= R)
   Tensor topk_weights;       // [rows >= m, K] fp32: required iff config.weights_at_dispatch, else absent
 };
 
 // Everything one combine call reads and writes; pass the same struct to both halves.
 struct CombineArgs {
-  Tensor expert_y;           // [E/W, capacity, H], bf16/fp16 (fp32 if combine_in_dtype is): expert outputs,
-                             // slot for slot as dispatched
+  Tensor expert_y;           // masked [E/W, capacity, H]; packed [R, H]; bf16/fp16 (fp32 if combine_in_dtype is): expert outputs,
+                             // row for row as dispatched (rows no expert_num_tokens covers are never read)
   Tensor topk_idx;           // [rows >= m, K], the same indices as the matching dispatch
   Tensor topk_weights;       // [rows >= m, K] fp32; absent when config.weights_at_dispatch (dispatch carried them)
   int num_tokens = -1;       // m, as in DispatchArgs
@@ -69,7 +72,7 @@ class AllToAll {
   // Each call validates its arguments on the host, then launches on `stream` without host
   // synchronisation or allocation (capturable in a CUDA graph). A device-side timeout recorded
   // earlier is raised before launching (the object is then unusable); recoverable device errors
-  // (capacity overflow, expert index >= E, device m > M) are raised after combine/combine_recv has
+  // (capacity or packed-rows overflow, expert index >= E, device m > M) are raised after combine/combine_recv has
   // launched, or by check(), so that every rank always launches whole layers.
   // Calls must come in the order dispatch_send, dispatch_recv, combine_send, combine_recv per layer.
   void dispatch_send(const DispatchArgs& a, cudaStream_t stream);
@@ -79,7 +82,7 @@ class AllToAll {
   void combine_recv(const CombineArgs& a, cudaStream_t stream);
   void combine(const CombineArgs& a, cudaStream_t stream);    // both halves, one kernel
 
-  // Raises epkit::Error if a kernel recorded an error (timeout, capacity overflow, bad index, m > M).
+  // Raises epkit::Error if a kernel recorded an error (timeout, capacity or packed-rows overflow, bad index, m > M).
   // Does not synchronise: call after cudaStreamSynchronize to see the errors of finished work.
   void check() const;
 

@@ -26,7 +26,15 @@ struct AllToAllConfig {
   DType dispatch_dtype = DType::kBF16;    // payload: bf16, fp16 or fp8_e4m3 (fp8 carries fp32 scales per 128)
   DType combine_in_dtype = DType::kBF16;  // expert outputs: bf16, fp16 or fp32
   DType combine_out_dtype = DType::kBF16; // combined output: bf16 or fp16
-  int capacity = 0;             // slots per local expert in expert_x; 0 means M * (W / D): no overflow while each token lists an expert at most once
+  // How dispatch lays out expert_x (and combine reads expert_y): kMasked is [L, capacity, H];
+  // kPacked is [R, H] with each local expert's rows back to back from an aligned offset (layout.hpp).
+  ExpertLayout layout = ExpertLayout::kMasked;
+  int capacity = 0;             // masked only: slots per local expert; 0 means M * (W / D): no overflow while each token lists an expert at most once
+  int packed_rows = 0;          // packed only: R, rows of expert_x; 0 means packed_row_bound(): no overflow while each token lists an expert at most once
+  // packed only: every expert's first row is a multiple of this. 1 (the default) suits grouped GEMMs
+  // that take a pointer per expert (epkit's own: rows stay 16-byte aligned since H % 16 == 0); 128
+  // suits DeepGEMM's m-grouped contiguous layout, whose tiles must not straddle two experts.
+  int packed_row_align = 1;
   DataPath path = DataPath::kAuto;
   int num_sms = 0;              // blocks (one per SM) the kernels may use; 0 means all SMs
   int timeout_ms = -1;          // bound on every device-side wait; -1 means env EPKIT_TIMEOUT_MS, else 10000

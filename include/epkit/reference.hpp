@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "epkit/config.hpp"
+#include "epkit/layout.hpp"
 
 namespace epkit::ref {
 
@@ -35,6 +36,19 @@ std::vector<std::vector<Slot>> dispatch_slots(const AllToAllConfig& cfg, int ran
 
 // Number of (token, k) pairs each local expert of `rank` receives (the size of each dispatch_slots list).
 std::vector<int> expert_counts(const AllToAllConfig& cfg, int rank, const std::vector<GroupRouting>& groups);
+
+// Where dispatch on `rank` puts each local expert's rows, in the config's layout: the placement of
+// expert_counts (layout.hpp), with the packed offsets and what fits below capacity or R.
+ExpertPlacement expert_placement(const AllToAllConfig& cfg, int rank, const std::vector<GroupRouting>& groups);
+
+// The entries dispatch drops for lack of room, over every rank. A sender's run (dispatch_slots) that
+// lies wholly past an expert's placed count is dropped; one that straddles it is partly dropped, and
+// which of its entries is unspecified (the order within a run is). Both are empty without overflow.
+struct Drops {
+  std::vector<Slot> dropped;        // surely dropped: they contribute nothing to combine
+  std::vector<Slot> maybe_dropped;  // in a straddling run
+};
+Drops dispatch_drops(const AllToAllConfig& cfg, const std::vector<GroupRouting>& groups);
 
 // The destination ranks of one token: each rank holding at least one of its valid experts, ascending.
 std::vector<int> destination_ranks(const AllToAllConfig& cfg, const int32_t* topk_row);

@@ -5,7 +5,7 @@ Two APIs over one implementation:
 * ``epkit.AllToAll`` with ``internode``/``intranode``/``dispatch``/``combine``/``destroy`` and the
   ``nvshmem_*`` helpers: the pplx-kernels API (``import epkit as pplx_kernels`` style ports).
 * ``epkit.ExpertAllToAll`` + ``epkit.AllToAllConfig``: keyword names of the C++ config, returned
-  outputs, split send/recv halves.
+  outputs, split send/recv halves, and the expert-packed layout (``layout="packed"``).
 
 Errors from the library raise ``epkit.EpkitError`` (a RuntimeError) with the C++ message.
 """
@@ -32,6 +32,7 @@ from .nvshmem import (
 
 DType = _C.DType
 DataPath = _C.DataPath
+ExpertLayout = _C.ExpertLayout
 
 __version__ = "0.1.0"
 
@@ -41,6 +42,7 @@ __all__ = [
     "DataPath",
     "DispatchOutput",
     "DType",
+    "ExpertLayout",
     "EpkitError",
     "ExpertAllToAll",
     "nvshmem_alloc_empty_unique_id",

@@ -56,17 +56,17 @@ def _is_compiling() -> bool:
 def _define():
     lib_op = torch.library.custom_op
 
-    @lib_op("epkit::dispatch", mutates_args=("expert_x", "expert_x_scale", "expert_num_tokens"))
+    @lib_op("epkit::dispatch", mutates_args=("expert_x", "expert_x_scale", "expert_num_tokens", "expert_offsets"))
     def dispatch_op(handle: int, mode: int, x: Optional[torch.Tensor], x_scale: Optional[torch.Tensor],
                     topk_idx: torch.Tensor, num_tokens: int, num_tokens_device: Optional[torch.Tensor],
                     expert_x: torch.Tensor, expert_x_scale: Optional[torch.Tensor], expert_num_tokens: torch.Tensor,
-                    topk_weights: Optional[torch.Tensor]) -> None:
+                    expert_offsets: Optional[torch.Tensor], topk_weights: Optional[torch.Tensor]) -> None:
         _get(handle)._dispatch_now(mode, x, x_scale, topk_idx, num_tokens, num_tokens_device, expert_x,
-                                   expert_x_scale, expert_num_tokens, topk_weights)
+                                   expert_x_scale, expert_num_tokens, expert_offsets, topk_weights)
 
     @dispatch_op.register_fake
     def _(handle, mode, x, x_scale, topk_idx, num_tokens, num_tokens_device, expert_x, expert_x_scale,
-          expert_num_tokens, topk_weights):
+          expert_num_tokens, expert_offsets, topk_weights):
         return None
 
     @lib_op("epkit::combine", mutates_args=("out",))

@@ -27,9 +27,12 @@ _BOTH, _SEND, _RECV = 0, 1, 2
 
 
 class DispatchOutput(NamedTuple):
-    expert_x: torch.Tensor                   # [E/W, capacity, H] dispatch dtype
-    expert_x_scale: Optional[torch.Tensor]   # [E/W, capacity, ceil(H/128)] fp32, fp8 only
-    expert_num_tokens: torch.Tensor          # [E/W] int32: valid slots per local expert
+    """Dispatch's outputs in the config's layout. masked: expert e's rows are expert_x[e, :n[e]];
+    packed: expert_x[offsets[e]:offsets[e] + n[e]] (offsets aligned to packed_row_align)."""
+    expert_x: torch.Tensor                   # masked [E/W, capacity, H]; packed [R, H]; dispatch dtype
+    expert_x_scale: Optional[torch.Tensor]   # [..., ceil(H/128)] fp32 rows beside expert_x, fp8 only
+    expert_num_tokens: torch.Tensor          # [E/W] int32: rows placed per local expert
+    expert_offsets: Optional[torch.Tensor] = None  # packed only: [E/W + 1] int32, first row per expert, then rows in use
 
 
 class _Pending(NamedTuple):
@@ -74,6 +77,8 @@ class ExpertAllToAll:
         self.num_local_experts = cpp.num_local_experts()
         self.capacity = cpp.effective_capacity()
         self.scales_per_token = cpp.scales_per_token()
+        self.packed = cpp.layout == _C.ExpertLayout.packed
+        self.packed_rows = cpp.effective_packed_rows() if self.packed else 0  # R
         self.device = torch.device("cuda", _C.device())
         self._op_id = _ops.register(self)
 
@@ -105,17 +110,26 @@ class ExpertAllToAll:
         return self._dtypes[2]
 
     # -- outputs ---------------------------------------------------------------------------------
+    def expert_shape(self, inner: Optional[int] = None):
+        """Shape of the expert-major tensors (expert_x, expert_y) in this layout, trailing dim `inner` (H)."""
+        inner = self.config.hidden if inner is None else inner
+        if self.packed:
+            return (self.packed_rows, inner)
+        return (self.num_local_experts, self.capacity, inner)
+
     def empty_dispatch_output(self, dtype: Optional[torch.dtype] = None) -> DispatchOutput:
-        """Uninitialized dispatch outputs on this PE's device; expert_x in `dtype` (the payload's,
-        default the config's)."""
-        L, C, H = self.num_local_experts, self.capacity, self.config.hidden
+        """Uninitialized dispatch outputs of this layout on this PE's device; expert_x in `dtype` (the
+        payload's, default the config's)."""
+        L = self.num_local_experts
         scale = None
         if self.scales_per_token:
-            scale = torch.empty((L, C, self.scales_per_token), dtype=torch.float32, device=self.device)
+            scale = torch.empty(self.expert_shape(self.scales_per_token), dtype=torch.float32, device=self.device)
+        offsets = torch.empty((L + 1,), dtype=torch.int32, device=self.device) if self.packed else None
         return DispatchOutput(
-            torch.empty((L, C, H), dtype=dtype or self.dispatch_dtype, device=self.device),
+            torch.empty(self.expert_shape(), dtype=dtype or self.dispatch_dtype, device=self.device),
             scale,
             torch.empty((L,), dtype=torch.int32, device=self.device),
+            offsets,
         )
 
     def empty_combine_output(self, num_rows: Optional[int] = None, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
@@ -127,7 +141,7 @@ class ExpertAllToAll:
     def _dispatch(self, mode, x, topk_idx, x_scale, num_tokens, out: DispatchOutput, topk_weights):
         m, m_dev = _num_tokens(num_tokens, topk_idx)
         args = (mode, x, x_scale, topk_idx, m, m_dev, out.expert_x, out.expert_x_scale, out.expert_num_tokens,
-                topk_weights)
+                out.expert_offsets, topk_weights)
         if _ops.compiling():
             _ops.dispatch(self._op_id, *args)
         elif _ops.tracing():
@@ -136,11 +150,11 @@ class ExpertAllToAll:
             self._dispatch_now(*args)
 
     def _dispatch_now(self, mode, x, x_scale, topk_idx, m, m_dev, expert_x, expert_x_scale, expert_num_tokens,
-                      topk_weights):
+                      expert_offsets, topk_weights):
         self._impl.dispatch(mode, arg(x, "x"), arg(x_scale, "x_scale"), arg(topk_idx, "topk_idx"), m,
                             arg(m_dev, "num_tokens"), arg(expert_x, "expert_x"),
                             arg(expert_x_scale, "expert_x_scale"), arg(expert_num_tokens, "expert_num_tokens"),
-                            arg(topk_weights, "topk_weights"), _stream())
+                            arg(expert_offsets, "expert_offsets"), arg(topk_weights, "topk_weights"), _stream())
 
     _dispatch_untraced = _ops.not_traced(_dispatch_now)
 
@@ -190,7 +204,8 @@ class ExpertAllToAll:
                 out: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Returns out[t] = sum_k topk_weights[t, k] * expert_y(topk_idx[t, k], t) for t < m.
 
-        expert_y [E/W, capacity, H] holds the expert outputs slot for slot as dispatched; topk_idx and
+        expert_y (expert_shape(): [E/W, capacity, H] or packed [R, H]) holds the expert outputs row for
+        row as dispatched; topk_idx and
         num_tokens as given to the matching dispatch; out defaults to [topk_idx.shape[0], H].
         topk_weights [m, K] fp32, or None with weights_at_dispatch (the dispatch carried them).
         expert_y bf16/fp16 (fp32 if the config's combine_in_dtype is); pass out= for an output dtype

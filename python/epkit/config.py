@@ -11,6 +11,7 @@ from ._tensors import to_epkit_dtype, to_torch_dtype
 DTypeLike = Union[torch.dtype, str]
 
 _PATHS = {"auto": _C.DataPath.auto, "portable": _C.DataPath.portable}
+_LAYOUTS = {"masked": _C.ExpertLayout.masked, "packed": _C.ExpertLayout.packed}
 
 
 @dataclass
@@ -31,7 +32,10 @@ class AllToAllConfig:
     dispatch_dtype: DTypeLike = torch.bfloat16    # payload: bf16, fp16 or fp8_e4m3 (+ fp32 scales per 128)
     combine_in_dtype: DTypeLike = torch.bfloat16  # expert outputs: bf16, fp16 or fp32
     combine_out_dtype: DTypeLike = torch.bfloat16 # combined tokens: bf16 or fp16
-    capacity: int = 0                   # slots per local expert; 0 means M * (W / D)
+    layout: Union[str, "_C.ExpertLayout"] = "masked"  # "masked" [E/W, capacity, H] or "packed" [R, H] + offsets
+    capacity: int = 0                   # masked: slots per local expert; 0 means M * (W / D)
+    packed_rows: int = 0                # packed: R; 0 means the bound that cannot overflow
+    packed_row_align: int = 1           # packed: every expert's first row is a multiple of this (128 for DeepGEMM)
     path: Union[str, "_C.DataPath"] = "auto"  # "auto" (P2P loads/stores where possible) or "portable"
     num_sms: int = 0                    # 0 means all SMs
     timeout_ms: int = -1                # -1 means env EPKIT_TIMEOUT_MS, else 10000
@@ -49,7 +53,15 @@ class AllToAllConfig:
         c.dispatch_dtype = to_epkit_dtype(self.dispatch_dtype)
         c.combine_in_dtype = to_epkit_dtype(self.combine_in_dtype)
         c.combine_out_dtype = to_epkit_dtype(self.combine_out_dtype)
+        if isinstance(self.layout, _C.ExpertLayout):
+            c.layout = self.layout
+        elif self.layout in _LAYOUTS:
+            c.layout = _LAYOUTS[self.layout]
+        else:
+            raise EpkitError(f"layout {self.layout!r} is not one of {sorted(_LAYOUTS)} (or an epkit.ExpertLayout)")
         c.capacity = int(self.capacity)
+        c.packed_rows = int(self.packed_rows)
+        c.packed_row_align = int(self.packed_row_align)
         if isinstance(self.path, _C.DataPath):
             c.path = self.path
         elif self.path in _PATHS:
@@ -77,6 +89,15 @@ class AllToAllConfig:
     @property
     def scales_per_token(self) -> int:
         return self.to_cpp().scales_per_token()
+
+    @property
+    def packed(self) -> bool:
+        return self.to_cpp().layout == _C.ExpertLayout.packed
+
+    @property
+    def effective_packed_rows(self) -> int:
+        """R of the packed layout: packed_rows, or the bound that cannot overflow when it is 0."""
+        return self.to_cpp().effective_packed_rows()
 
     def torch_dtypes(self):
         """(dispatch, combine_in, combine_out) as torch dtypes."""

@@ -10,6 +10,7 @@
 #include "bindings.hpp"
 #include "epkit/all_to_all.hpp"
 #include "epkit/config.hpp"
+#include "epkit/layout.hpp"
 #include "runtime.hpp"
 #include "tensor_arg.hpp"
 
@@ -76,8 +77,8 @@ const int32_t* device_count(const TensorArg& arg, const char* what, int device) 
 
 void dispatch(Handle& h, int mode, const TensorArg& x, const TensorArg& x_scale, const TensorArg& topk_idx,
               int num_tokens, const TensorArg& num_tokens_device, const TensorArg& expert_x,
-              const TensorArg& expert_x_scale, const TensorArg& expert_num_tokens, const TensorArg& topk_weights,
-              uintptr_t stream) {
+              const TensorArg& expert_x_scale, const TensorArg& expert_num_tokens, const TensorArg& expert_offsets,
+              const TensorArg& topk_weights, uintptr_t stream) {
   auto a = h.get();
   int dev = comm().device();
   DispatchArgs args;
@@ -89,6 +90,7 @@ void dispatch(Handle& h, int mode, const TensorArg& x, const TensorArg& x_scale,
   args.expert_x = to_tensor(expert_x, "expert_x", dev);
   args.expert_x_scale = to_tensor(expert_x_scale, "expert_x_scale", dev);
   args.expert_num_tokens = to_tensor(expert_num_tokens, "expert_num_tokens", dev);
+  args.expert_offsets = to_tensor(expert_offsets, "expert_offsets", dev);
   args.topk_weights = to_tensor(topk_weights, "topk_weights", dev);
   DeviceGuard guard(dev);
   switch (mode) {
@@ -133,6 +135,9 @@ void bind_all_to_all(nb::module_& m) {
       .value("uint32", DType::kUInt32)
       .value("uint8", DType::kUInt8);
   nb::enum_<DataPath>(m, "DataPath", nb::is_arithmetic()).value("auto", DataPath::kAuto).value("portable", DataPath::kPortable);
+  nb::enum_<ExpertLayout>(m, "ExpertLayout", nb::is_arithmetic())
+      .value("masked", ExpertLayout::kMasked)
+      .value("packed", ExpertLayout::kPacked);
 
   nb::class_<AllToAllConfig>(m, "AllToAllConfig")
       .def(nb::init<>())
@@ -146,7 +151,10 @@ void bind_all_to_all(nb::module_& m) {
       .def_rw("dispatch_dtype", &AllToAllConfig::dispatch_dtype)
       .def_rw("combine_in_dtype", &AllToAllConfig::combine_in_dtype)
       .def_rw("combine_out_dtype", &AllToAllConfig::combine_out_dtype)
+      .def_rw("layout", &AllToAllConfig::layout)
       .def_rw("capacity", &AllToAllConfig::capacity)
+      .def_rw("packed_rows", &AllToAllConfig::packed_rows)
+      .def_rw("packed_row_align", &AllToAllConfig::packed_row_align)
       .def_rw("path", &AllToAllConfig::path)
       .def_rw("num_sms", &AllToAllConfig::num_sms)
       .def_rw("timeout_ms", &AllToAllConfig::timeout_ms)
@@ -155,6 +163,8 @@ void bind_all_to_all(nb::module_& m) {
       .def("num_local_experts", [](const AllToAllConfig& c) { return num_local_experts(c); })
       .def("effective_capacity", [](const AllToAllConfig& c) { return effective_capacity(c); })
       .def("scales_per_token", [](const AllToAllConfig& c) { return scales_per_token(c); })
+      .def("packed_row_bound", [](const AllToAllConfig& c) { return packed_row_bound(c); })
+      .def("effective_packed_rows", [](const AllToAllConfig& c) { return effective_packed_rows(c); })
       .def("agreement_fields", [](const AllToAllConfig& c) { return agreement_fields(c); })
       .def("__repr__", [](const AllToAllConfig& c) { return to_string(c); });
 
@@ -164,7 +174,7 @@ void bind_all_to_all(nb::module_& m) {
       .def("dispatch", &dispatch, nb::arg("mode"), nb::arg("x").none(), nb::arg("x_scale").none(),
            nb::arg("topk_idx").none(), nb::arg("num_tokens"), nb::arg("num_tokens_device").none(),
            nb::arg("expert_x").none(), nb::arg("expert_x_scale").none(), nb::arg("expert_num_tokens").none(),
-           nb::arg("topk_weights").none(), nb::arg("stream"))
+           nb::arg("expert_offsets").none(), nb::arg("topk_weights").none(), nb::arg("stream"))
       .def("combine", &combine, nb::arg("mode"), nb::arg("expert_y").none(), nb::arg("topk_idx").none(),
            nb::arg("topk_weights").none(), nb::arg("num_tokens"), nb::arg("num_tokens_device").none(),
            nb::arg("out").none(), nb::arg("stream"))

@@ -43,7 +43,7 @@ def test_config_fields_are_the_cpp_fields():
                                world_size=8, rank=3, dp_size=2, dispatch_dtype="fp8_e4m3", path="portable",
                                weights_at_dispatch=True)
     c = cfg.to_cpp()
-    for name in py - {"dispatch_dtype", "combine_in_dtype", "combine_out_dtype", "path"}:
+    for name in py - {"dispatch_dtype", "combine_in_dtype", "combine_out_dtype", "path", "layout"}:
         assert getattr(c, name) == getattr(cfg, name), name
     assert c.dispatch_dtype == epkit.DType.fp8_e4m3 and c.combine_out_dtype == epkit.DType.bf16
     assert c.path == epkit.DataPath.portable

@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "epkit/error.hpp"
+#include "epkit/layout.hpp"
 
 namespace epkit {
 
@@ -42,6 +43,24 @@ void validate(const AllToAllConfig& c) {
               "combine_in_dtype = ", dtype_name(c.combine_in_dtype), " must be bf16, fp16 or fp32");
   EPKIT_CHECK(c.combine_out_dtype == DType::kBF16 || c.combine_out_dtype == DType::kFP16,
               "combine_out_dtype = ", dtype_name(c.combine_out_dtype), " must be bf16 or fp16");
+  EPKIT_CHECK(c.layout == ExpertLayout::kMasked || c.layout == ExpertLayout::kPacked, "layout = ",
+              static_cast<int>(c.layout), " must be kMasked (0) or kPacked (1)");
+  const bool packed = c.layout == ExpertLayout::kPacked;
+  EPKIT_CHECK(packed || (c.packed_rows == 0 && c.packed_row_align == 1), "packed_rows = ", c.packed_rows,
+              " and packed_row_align = ", c.packed_row_align,
+              " apply to layout = packed only; the masked layout takes capacity (leave them at 0 and 1)");
+  EPKIT_CHECK(!packed || c.capacity == 0, "capacity = ", c.capacity,
+              " applies to layout = masked only; the packed layout takes packed_rows");
+  if (packed) {
+    EPKIT_CHECK(c.packed_row_align >= 1 && c.packed_row_align <= 1024, "packed_row_align = ", c.packed_row_align,
+                " must be in [1, 1024]");
+    const int64_t bound = packed_row_bound(c);
+    EPKIT_CHECK(bound < (int64_t{1} << 31), "the packed row bound ", bound, " must stay below 2^31");
+    EPKIT_CHECK(c.packed_rows >= 0 && c.packed_rows <= bound, "packed_rows = ", c.packed_rows,
+                " must be in [0, packed_row_bound = ", bound, "] (0 selects the bound)");
+    EPKIT_CHECK(c.packed_rows % c.packed_row_align == 0, "packed_rows = ", c.packed_rows,
+                " must be a multiple of packed_row_align = ", c.packed_row_align);
+  }
   const int64_t full = static_cast<int64_t>(c.max_tokens_per_rank) * (c.world_size / c.dp_size);
   EPKIT_CHECK(c.capacity >= 0 && c.capacity <= full, "capacity = ", c.capacity, " must be in [0, M * (W / D) = ",
               full, "] (0 selects the maximum)");
@@ -92,7 +111,10 @@ std::vector<std::pair<std::string, int64_t>> agreement_fields(const AllToAllConf
           {"dispatch_dtype", static_cast<int64_t>(c.dispatch_dtype)},
           {"combine_in_dtype", static_cast<int64_t>(c.combine_in_dtype)},
           {"combine_out_dtype", static_cast<int64_t>(c.combine_out_dtype)},
+          {"layout", static_cast<int64_t>(c.layout)},
           {"capacity", c.capacity},
+          {"packed_rows", c.packed_rows},
+          {"packed_row_align", c.packed_row_align},
           {"path", static_cast<int64_t>(c.path)},
           {"weights_at_dispatch", c.weights_at_dispatch ? 1 : 0}};
 }
@@ -103,7 +125,8 @@ std::string to_string(const AllToAllConfig& c) {
      << ", num_experts=" << c.num_experts << ", experts_per_token=" << c.experts_per_token
      << ", hidden=" << c.hidden << ", max_tokens_per_rank=" << c.max_tokens_per_rank
      << ", dispatch_dtype=" << dtype_name(c.dispatch_dtype) << ", combine_in_dtype=" << dtype_name(c.combine_in_dtype)
-     << ", combine_out_dtype=" << dtype_name(c.combine_out_dtype) << ", capacity=" << c.capacity
+     << ", combine_out_dtype=" << dtype_name(c.combine_out_dtype) << ", layout=" << layout_name(c.layout)
+     << ", capacity=" << c.capacity << ", packed_rows=" << c.packed_rows << ", packed_row_align=" << c.packed_row_align
      << ", path=" << (c.path == DataPath::kPortable ? "portable" : "auto") << ", num_sms=" << c.num_sms
      << ", timeout_ms=" << c.timeout_ms << ", weights_at_dispatch=" << (c.weights_at_dispatch ? 1 : 0) << "}";
   return os.str();

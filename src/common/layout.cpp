@@ -1,5 +1,6 @@
 #include "epkit/layout.hpp"
 
+#include "epkit/error.hpp"
 #include "epkit/types.hpp"
 
 namespace epkit {
@@ -71,6 +72,88 @@ WorkspaceLayout WorkspaceLayout::make(const AllToAllConfig& c) {
   w.block_flag = cv.take(kMaxGridBlocks * sizeof(uint64_t));
   w.total_bytes = cv.cursor;
   return w;
+}
+
+}  // namespace epkit
+
+namespace epkit {
+
+int64_t packed_row_bound(const AllToAllConfig& c) {
+  const int64_t L = num_local_experts(c), K = c.experts_per_token, a = c.packed_row_align;
+  const int64_t per_expert = static_cast<int64_t>(c.max_tokens_per_rank) * num_dp_groups(c);
+  const int64_t n = per_expert * (K < L ? K : L);
+  const int64_t first = n < L ? n : L;  // experts that can hold a row, one token each
+  const int64_t runs = first + (n - first) / a;
+  const int64_t by_rows = runs * a;
+  const int64_t by_experts = L * ((per_expert + a - 1) / a * a);
+  return by_rows < by_experts ? by_rows : by_experts;
+}
+
+int64_t effective_packed_rows(const AllToAllConfig& c) { return c.packed_rows ? c.packed_rows : packed_row_bound(c); }
+
+int64_t expert_rows(const AllToAllConfig& c) {
+  return c.layout == ExpertLayout::kPacked ? effective_packed_rows(c)
+                                           : static_cast<int64_t>(num_local_experts(c)) * effective_capacity(c);
+}
+
+ExpertShapes ExpertShapes::make(const AllToAllConfig& c) {
+  ExpertShapes s;
+  const int64_t H = c.hidden, ns = scales_per_token(c);
+  if (c.layout == ExpertLayout::kPacked) {
+    const int64_t R = effective_packed_rows(c);
+    s.ndim = 2;
+    s.expert_x[0] = R, s.expert_x[1] = H;
+    s.expert_x_scale[0] = R, s.expert_x_scale[1] = ns;
+    s.expert_offsets = num_local_experts(c) + 1;
+  } else {
+    s.ndim = 3;
+    s.expert_x[0] = num_local_experts(c), s.expert_x[1] = effective_capacity(c), s.expert_x[2] = H;
+    s.expert_x_scale[0] = s.expert_x[0], s.expert_x_scale[1] = s.expert_x[1], s.expert_x_scale[2] = ns;
+  }
+  return s;
+}
+
+ExpertTensorBytes ExpertTensorBytes::make(const AllToAllConfig& c) {
+  ExpertTensorBytes b;
+  const size_t rows = static_cast<size_t>(expert_rows(c)), H = c.hidden;
+  b.expert_x = rows * H * dtype_size(c.dispatch_dtype);
+  b.expert_x_scale = rows * static_cast<size_t>(scales_per_token(c)) * sizeof(float);
+  b.expert_y = rows * H * dtype_size(c.combine_in_dtype);
+  b.expert_offsets = c.layout == ExpertLayout::kPacked ? (static_cast<size_t>(num_local_experts(c)) + 1) * 4 : 0;
+  b.total = b.expert_x + b.expert_x_scale + b.expert_y;
+  return b;
+}
+
+ExpertPlacement ExpertPlacement::make(const AllToAllConfig& c, const std::vector<int>& received) {
+  const int L = num_local_experts(c);
+  EPKIT_CHECK(static_cast<int>(received.size()) == L, "ExpertPlacement: ", received.size(),
+              " counts given, expected L = ", L);
+  ExpertPlacement p;
+  p.first_row.resize(L);
+  p.count.resize(L);
+  if (c.layout == ExpertLayout::kPacked) {
+    const int64_t R = effective_packed_rows(c), a = c.packed_row_align;
+    p.offsets.resize(static_cast<size_t>(L) + 1);
+    int64_t at = 0;
+    for (int e = 0; e < L; ++e) {
+      const int64_t first = at < R ? at : R;
+      const int64_t room = R - first;
+      p.offsets[e] = first;
+      p.first_row[e] = first;
+      p.count[e] = static_cast<int>(received[e] < room ? received[e] : room);
+      p.overflow |= p.count[e] < received[e];
+      at += (received[e] + a - 1) / a * a;
+    }
+    p.offsets[L] = at < R ? at : R;
+  } else {
+    const int cap = effective_capacity(c);
+    for (int e = 0; e < L; ++e) {
+      p.first_row[e] = static_cast<int64_t>(e) * cap;
+      p.count[e] = received[e] < cap ? received[e] : cap;
+      p.overflow |= p.count[e] < received[e];
+    }
+  }
+  return p;
 }
 
 }  // namespace epkit

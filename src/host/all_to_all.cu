@@ -97,6 +97,13 @@ void AllToAll::Impl::raise_pending(bool recoverable_too) {
          << " were dropped and contribute nothing to combine. Raise AllToAllConfig::capacity (max M * W / D = "
          << static_cast<int64_t>(cfg.max_tokens_per_rank) * (cfg.world_size / cfg.dp_size) << ")";
       break;
+    case kernels::kErrPackedRows:
+      os << "packed rows overflow in dispatch_recv on rank " << e.rank << ": expert " << e.expert
+         << " needs rows up to " << e.value << " but packed_rows = " << e.limit
+         << "; its rows from there on and those of every later local expert that did not fit were dropped and "
+            "contribute nothing to combine. Raise AllToAllConfig::packed_rows (0 selects the bound "
+         << packed_row_bound(cfg) << ", which cannot overflow)";
+      break;
     case kernels::kErrExpertIndex:
       os << "topk_idx holds expert " << e.value << " (token " << e.token << ", " << phase_name(e.phase)
          << " on rank " << e.rank << ") but num_experts = " << e.limit << "; the entry was skipped";
@@ -185,6 +192,9 @@ AllToAll::AllToAll(const Communicator& comm, const AllToAllConfig& cfg_in) : imp
   p.max_tokens = cfg.max_tokens_per_rank;
   p.max_msgs_per_src = max_tokens_per_sender(cfg);
   p.capacity = effective_capacity(cfg);
+  p.packed = cfg.layout == ExpertLayout::kPacked ? 1 : 0;
+  p.packed_rows = p.packed ? static_cast<int>(effective_packed_rows(cfg)) : 0;
+  p.packed_row_align = cfg.packed_row_align;
   p.num_scales = scales_per_token(cfg);
   p.msg_bytes = static_cast<int>(msg.bytes);
   p.header_bytes = static_cast<int>(msg.header_bytes);

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "epkit/error.hpp"
+#include "epkit/layout.hpp"
 
 namespace epkit::host {
 
@@ -41,25 +42,26 @@ void check_dtype(const Tensor& t, const char* name, const DTypes& dtypes, const 
 
 // Checks dtype, rank and the fixed dims of a tensor (-1 = any) and its alignment; returns dim 0.
 // Rows that kernels move with 16-byte vectors need 16-byte alignment; the rest their element size.
-int64_t check_tensor(const Tensor& t, const char* name, const DTypes& dtypes, std::initializer_list<int64_t> dims,
+int64_t check_tensor(const Tensor& t, const char* name, const DTypes& dtypes, const int64_t* dims, int ndims,
                      size_t align = 0, const char* hint = "") {
   // An empty tensor may have no storage at all (torch gives a null pointer for m = 0).
   const bool empty = t.ndim > 0 && t.numel() == 0;
   EPKIT_CHECK(t.data != nullptr || empty, name, " is missing (null data pointer)");
   check_dtype(t, name, dtypes, hint);
-  EPKIT_CHECK(t.ndim == static_cast<int>(dims.size()), name, " has shape ", t.shape_str(), " (", t.ndim,
-              " dims), expected ", dims.size(), " dims");
-  int i = 0;
-  for (int64_t d : dims) {
+  EPKIT_CHECK(t.ndim == ndims, name, " has shape ", t.shape_str(), " (", t.ndim, " dims), expected ", ndims, " dims");
+  for (int i = 0; i < ndims; ++i) {
     EPKIT_CHECK(t.shape[i] >= 0, name, " has negative dim ", i);
-    EPKIT_CHECK(d < 0 || t.shape[i] == d, name, " has shape ", t.shape_str(), ": dim ", i, " is ", t.shape[i],
-                ", expected ", d);
-    ++i;
+    EPKIT_CHECK(dims[i] < 0 || t.shape[i] == dims[i], name, " has shape ", t.shape_str(), ": dim ", i, " is ",
+                t.shape[i], ", expected ", dims[i]);
   }
   if (align == 0) align = dtype_size(t.dtype);
   EPKIT_CHECK(empty || reinterpret_cast<uintptr_t>(t.data) % align == 0, name, " data pointer is not ", align,
               "-byte aligned");
   return t.shape[0];
+}
+int64_t check_tensor(const Tensor& t, const char* name, const DTypes& dtypes, std::initializer_list<int64_t> dims,
+                     size_t align = 0, const char* hint = "") {
+  return check_tensor(t, name, dtypes, dims.begin(), static_cast<int>(dims.size()), align, hint);
 }
 
 kernels::IndexType index_type(const Tensor& t) {
@@ -90,7 +92,7 @@ kernels::TokenCount token_count(const AllToAllConfig& c, int host_m, const int32
 
 kernels::DispatchIO check_dispatch_args(const AllToAllConfig& c, const DispatchArgs& a, bool send, bool recv,
                                         const char* call, LayerDTypes& layer) {
-  const int H = c.hidden, K = c.experts_per_token, L = num_local_experts(c), cap = effective_capacity(c);
+  const int H = c.hidden, K = c.experts_per_token, L = num_local_experts(c);
   const int ns = scales_per_token(c);
   kernels::DispatchIO io{};
   DType payload = layer.payload;
@@ -121,18 +123,26 @@ kernels::DispatchIO check_dispatch_args(const AllToAllConfig& c, const DispatchA
     io.m = token_count(c, a.num_tokens, a.num_tokens_device, rows, call);
   }
   if (recv) {
-    check_tensor(a.expert_x, "expert_x", payload_types(c.dispatch_dtype), {L, cap, H}, 16);
+    const ExpertShapes sh = ExpertShapes::make(c);
+    check_tensor(a.expert_x, "expert_x", payload_types(c.dispatch_dtype), sh.expert_x, sh.ndim, 16);
     // The payload travels as bytes: the receiving tensor must be what the sender's x was.
     EPKIT_CHECK(a.expert_x.dtype == payload, call, ": expert_x is ", dtype_name(a.expert_x.dtype), " but x ",
                 send ? "is " : "was (at dispatch_send) ", dtype_name(payload),
                 "; the payload is copied as bytes, so they must be the same type");
     io.expert_x = static_cast<uint8_t*>(a.expert_x.data);
     if (has_scales(c)) {
-      check_tensor(a.expert_x_scale, "expert_x_scale", {DType::kFP32}, {L, cap, ns});
+      check_tensor(a.expert_x_scale, "expert_x_scale", {DType::kFP32}, sh.expert_x_scale, sh.ndim);
       io.expert_x_scale = static_cast<float*>(a.expert_x_scale.data);
     }
     check_tensor(a.expert_num_tokens, "expert_num_tokens", {DType::kInt32}, {L});
     io.expert_num_tokens = static_cast<int32_t*>(a.expert_num_tokens.data);
+    if (c.layout == ExpertLayout::kPacked) {
+      check_tensor(a.expert_offsets, "expert_offsets (layout = packed)", {DType::kInt32}, {L + 1});
+      io.expert_offsets = static_cast<int32_t*>(a.expert_offsets.data);
+    } else {
+      EPKIT_CHECK(!a.expert_offsets.defined(), call,
+                  ": expert_offsets given but layout = masked (each expert's rows start at e * capacity)");
+    }
   }
   layer.payload = payload;
   return io;
@@ -140,14 +150,15 @@ kernels::DispatchIO check_dispatch_args(const AllToAllConfig& c, const DispatchA
 
 kernels::CombineIO check_combine_args(const AllToAllConfig& c, const CombineArgs& a, bool send, bool recv,
                                       const char* call, LayerDTypes& layer) {
-  const int H = c.hidden, K = c.experts_per_token, L = num_local_experts(c), cap = effective_capacity(c);
+  const int H = c.hidden, K = c.experts_per_token;
   kernels::CombineIO io{};
   DType in = layer.combine_in, out = layer.combine_out;
   int64_t rows = check_tensor(a.topk_idx, "topk_idx", kIndexTypes, {-1, K});
   io.topk_idx = a.topk_idx.data;
   io.idx_type = index_type(a.topk_idx);
   if (send) {
-    check_tensor(a.expert_y, "expert_y", combine_in_types(c.combine_in_dtype), {L, cap, H}, 16,
+    const ExpertShapes sh = ExpertShapes::make(c);  // expert_y has expert_x's rows
+    check_tensor(a.expert_y, "expert_y", combine_in_types(c.combine_in_dtype), sh.expert_x, sh.ndim, 16,
                  c.combine_in_dtype == DType::kFP32 ? " (combine_in_dtype = fp32)"
                                                     : " (combine_in_dtype is 2-byte; fp32 needs combine_in_dtype = fp32)");
     io.expert_y = a.expert_y.data;

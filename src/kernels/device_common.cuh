@@ -204,6 +204,79 @@ __device__ __forceinline__ int source_of_message(const int* msg_off, int W, int 
   return lo;
 }
 
+// Packed layout (layout.hpp): first[i] = sum_{j < i} align_up(count(j), align) for i < n, and first[n]
+// the total, for the whole block (every thread must call it; warp_sums holds kWarps ints). Each
+// thread sums a contiguous range, then one warp scans the warp totals. Ends synchronised.
+template <typename Count>
+__device__ void block_aligned_prefix(int n, int align, Count count, int* first, int* warp_sums) {
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  const int per = (n + kThreads - 1) / kThreads;
+  const int lo = min(n, static_cast<int>(threadIdx.x) * per), hi = min(n, lo + per);
+  auto aligned = [&](int i) { return (count(i) + align - 1) / align * align; };
+  int mine = 0;
+  for (int i = lo; i < hi; ++i) mine += aligned(i);
+  int incl = mine;
+#pragma unroll
+  for (int d = 1; d < kWarpSize; d <<= 1) {
+    const int y = __shfl_up_sync(0xffffffffu, incl, d);
+    if (lane >= d) incl += y;
+  }
+  if (lane == kWarpSize - 1) warp_sums[warp] = incl;
+  __syncthreads();
+  if (warp == 0) {
+    int w = lane < kWarps ? warp_sums[lane] : 0;
+#pragma unroll
+    for (int d = 1; d < kWarpSize; d <<= 1) {
+      const int y = __shfl_up_sync(0xffffffffu, w, d);
+      if (lane >= d) w += y;
+    }
+    if (lane < kWarps) warp_sums[lane] = w;  // inclusive over warps
+  }
+  __syncthreads();
+  int at = incl - mine + (warp > 0 ? warp_sums[warp - 1] : 0);
+  for (int i = lo; i < hi; ++i) first[i] = at, at += aligned(i);
+  if (threadIdx.x == kThreads - 1) first[n] = at;  // threads past n summed nothing: at is the total
+  __syncthreads();
+}
+
+// Row of expert_x (and expert_y) that holds position `pos` of local expert el, or -1 when it lies
+// past the layout's room (masked: pos >= capacity; packed: row >= R). `first`: the packed layout's
+// first rows from block_aligned_prefix (unused when masked). pos < count(el), so a packed row never
+// reaches the next expert's first row.
+__device__ __forceinline__ int expert_row(const CommParams& p, int el, int pos, const int* first) {
+  if (p.packed) {
+    const int row = first[el] + pos;
+    return row < p.packed_rows ? row : -1;
+  }
+  return pos < p.capacity ? el * p.capacity + pos : -1;
+}
+
+// Packed layout, one block: expert_offsets[el] = min(first[el], R) for el <= L, expert_num_tokens
+// the rows of each expert that fit below R; an expert that lost rows is reported.
+__device__ inline void write_packed_counts(const CommParams& p, const DispatchIO& io, const int* tot, const int* first,
+                                           int32_t phase, uint64_t seq) {
+  const int L = p.num_local_experts, R = p.packed_rows;
+  for (int el = threadIdx.x; el <= L; el += blockDim.x) {
+    const int at = min(first[el], R);
+    io.expert_offsets[el] = at;
+    if (el == L) continue;
+    const int n = min(tot[el], R - at);
+    io.expert_num_tokens[el] = n;
+    if (n < tot[el])
+      record_error(p, kErrPackedRows, phase, kWaitNone, -1, p.rank * L + el, -1, static_cast<int64_t>(first[el]) + tot[el],
+                   R, seq);
+  }
+}
+
+// Packed layout, whole block: first[el] for every local expert from its token count tot[el]
+// (block_aligned_prefix), and block 0 writes expert_offsets and expert_num_tokens. Out of line: the
+// masked layout never calls it (see record_error).
+static __device__ __noinline__ void packed_first_rows(const CommParams& p, const DispatchIO& io, const int* tot,
+                                                      int* first, int* wsum, int32_t phase, uint64_t seq) {
+  block_aligned_prefix(p.num_local_experts, p.packed_row_align, [&](int el) { return tot[el]; }, first, wsum);
+  if (blockIdx.x == 0) write_packed_counts(p, io, tot, first, phase, seq);
+}
+
 __device__ __forceinline__ uint8_t* peer_base(const CommParams& p, int r) { return p.peer_bases[r]; }
 
 template <typename T>

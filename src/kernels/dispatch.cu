@@ -34,10 +34,15 @@ struct SendSmem {
 // Shared memory, receive half.
 struct RecvSmem {
   int* cnt;      // [W][L] tokens per (source, local expert)
-  int* off;      // [W][L] first slot of each (source, local expert) run
+  int* off;      // [W][L] first slot of each (source, local expert) run, within the expert
   int* nmsg;     // [W] messages from each source
   int* msg_off;  // [W + 1] prefix of nmsg
+  // Then, packed layout only: [L + 1] first row of each local expert (then the aligned total), [L]
+  // tokens per local expert, [kWarps] scratch of block_aligned_prefix (packed_smem below).
 };
+// The packed layout's arrays after the RecvSmem ones (computed where used: seven pointers kept live
+// across the copy loop cost registers the loop needs).
+__device__ __forceinline__ int* packed_first(const RecvSmem& sm, int W) { return sm.msg_off + W + 1; }
 
 // Look-back step of the large-call histogram. On entry cnt_total / dst_total hold this block's own
 // chunk; on exit run_e / run_d hold the counts of every earlier block's chunk and, in the last
@@ -186,7 +191,8 @@ __device__ bool dispatch_send(const CommParams& p, const DispatchIO& io, uint64_
   const int h0 = lookback ? u0 : 0, h1 = lookback ? u1 : n_own;
   // Own tokens go straight into expert_x in large fused calls only. At decode sizes the message to
   // ourselves was measured faster (fused dispatch 20.1 us at 1 token, 22.4 with direct_self).
-  const bool direct_self = kLarge && fused && n_own >= kLargeCallTokens;
+  // Not with the packed layout: there an expert's first row depends on the peers' counts.
+  const bool direct_self = kLarge && fused && n_own >= kLargeCallTokens && !p.packed;
   // Lanes work in groups of G >= K (a power of two): lane k of a group reads entry k of one token,
   // so a warp reads 32 / G tokens with one coalesced load, kHistUnroll loads in flight per lane.
   {
@@ -415,10 +421,19 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
       sm.off[s * L + el] = acc;
       acc += sm.cnt[s * L + el];
     }
-    if (blockIdx.x == 0) {
+    if (p.packed) {
+      packed_first(sm, W)[L + 1 + el] = acc;
+    } else if (blockIdx.x == 0) {
       io.expert_num_tokens[el] = min(acc, cap);
       if (acc > cap) record_error(p, kErrCapacity, kPhaseDispatchRecv, kWaitNone, -1, me * L + el, -1, acc, cap, seq);
     }
+  }
+  if (p.packed) {  // every block needs every expert's first row
+    __syncthreads();
+    int* first = packed_first(sm, W);
+    int* tot = first + L + 1;
+    block_aligned_prefix(L, p.packed_row_align, [&](int el) { return tot[el]; }, first, tot + L);
+    if (blockIdx.x == 0) write_packed_counts(p, io, tot, first, kPhaseDispatchRecv, seq);
   }
   if (threadIdx.x == 0) {  // the messages to copy (none of our own with direct_self: the send half placed them)
     int acc = 0;
@@ -470,7 +485,7 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
       if (e >= 0 && e / L == me) {
         const int el = e - me * L;
         const int pos = sm.off[s * L + el] + rk;
-        slot = pos < cap ? el * cap + pos : -1;
+        slot = expert_row(p, el, pos, packed_first(sm, W));
       }
     }
     if (sl == 0) {
@@ -518,7 +533,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 size_t dispatch_smem_bytes(int world_size, int num_experts, int topk) {
   const size_t send = 2 * static_cast<size_t>(num_experts) + 3 * static_cast<size_t>(world_size) +
                       3 * static_cast<size_t>(kRoundTokens) * topk;
-  const size_t recv = 2 * static_cast<size_t>(num_experts) + 2 * static_cast<size_t>(world_size) + 1;
+  const size_t L = static_cast<size_t>(num_experts / world_size);
+  const size_t recv = 2 * static_cast<size_t>(num_experts) + 2 * static_cast<size_t>(world_size) + 1 + 2 * L + 1 + kWarps;
   return (send > recv ? send : recv) * sizeof(int);
 }
 

@@ -13,6 +13,7 @@ enum ErrorCode : int32_t {
   kErrCapacity = 2,         // more tokens for a local expert than capacity (excess dropped)
   kErrExpertIndex = 3,      // topk index >= num_experts (entry skipped)
   kErrNumTokens = 4,        // device-side m > max_tokens_per_rank or > rows (clamped)
+  kErrPackedRows = 5,       // packed layout: rows past R (excess dropped); expert = one that lost rows
 };
 
 // What a wait was for (ErrorRecord::what) and which call (ErrorRecord::phase).
@@ -68,7 +69,7 @@ struct CommParams {
   int num_experts, num_local_experts, topk, hidden;
   int max_tokens;        // M
   int max_msgs_per_src;  // ceil(M / D)
-  int capacity;
+  int capacity;          // masked layout: slots per local expert
   int num_scales;        // fp32 scales per token (0 without fp8)
   int msg_bytes, header_bytes, payload_bytes, payload_offset, out_row_bytes;
   int dispatch_slices;  // slices per dispatch message (arrival counters count slices)
@@ -92,6 +93,9 @@ struct CommParams {
   uint64_t* block_flag; // [kMaxGridBlocks]: seq of the call whose block_hist row is written
   int hist_stride;      // E + W rounded up to 4 (rows are read as int4)
   ErrorRecord* err;     // host-mapped
+  int packed;            // 1: packed layout (expert e's rows from an aligned offset), 0: masked
+  int packed_rows;       // packed: R
+  int packed_row_align;  // packed: every offset is a multiple of this
 };
 
 // Index dtype codes for topk_idx.
@@ -110,13 +114,14 @@ struct DispatchIO {
   int32_t idx_type;
   const float* topk_weights;  // [rows, K] with weights_at_dispatch, else null
   TokenCount m;
-  uint8_t* expert_x;          // [L, capacity, H]
-  float* expert_x_scale;      // [L, capacity, num_scales] or null
+  uint8_t* expert_x;          // [L, capacity, H] (masked) or [R, H] (packed)
+  float* expert_x_scale;      // [rows of expert_x, num_scales] or null
   int32_t* expert_num_tokens; // [L]
+  int32_t* expert_offsets;    // [L + 1], packed only (else null)
 };
 
 struct CombineIO {
-  const void* expert_y;       // [L, capacity, H] in dtype
+  const void* expert_y;       // [L, capacity, H] or [R, H] in dtype (rows as dispatched)
   const void* topk_idx;       // [rows, K]
   int32_t idx_type;
   const float* topk_weights;  // [rows, K]

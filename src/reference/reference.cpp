@@ -40,6 +40,33 @@ std::vector<int> expert_counts(const AllToAllConfig& cfg, int rank, const std::v
   return c;
 }
 
+ExpertPlacement expert_placement(const AllToAllConfig& cfg, int rank, const std::vector<GroupRouting>& groups) {
+  return ExpertPlacement::make(cfg, expert_counts(cfg, rank, groups));
+}
+
+Drops dispatch_drops(const AllToAllConfig& cfg, const std::vector<GroupRouting>& groups) {
+  Drops d;
+  for (int rank = 0; rank < cfg.world_size; ++rank) {
+    const auto slots = dispatch_slots(cfg, rank, groups);
+    const ExpertPlacement pl = ExpertPlacement::make(cfg, expert_counts(cfg, rank, groups));
+    for (size_t el = 0; el < slots.size(); ++el) {
+      const auto& v = slots[el];
+      const size_t placed = static_cast<size_t>(pl.count[el]);
+      for (size_t lo = 0; lo < v.size();) {  // one run per sender
+        const int sender = dp_sender_rank(cfg, v[lo].group, v[lo].token);
+        size_t hi = lo;
+        while (hi < v.size() && dp_sender_rank(cfg, v[hi].group, v[hi].token) == sender) ++hi;
+        if (hi > placed) {
+          auto& into = lo >= placed ? d.dropped : d.maybe_dropped;
+          into.insert(into.end(), v.begin() + lo, v.begin() + hi);
+        }
+        lo = hi;
+      }
+    }
+  }
+  return d;
+}
+
 std::vector<int> destination_ranks(const AllToAllConfig& cfg, const int32_t* row) {
   const int L = num_local_experts(cfg);
   std::vector<int> d;

@@ -52,6 +52,12 @@ TEST(BenchOptions, Overrides) {
   EXPECT_EQ(o.nccl_mode, NcclMode::kSendRecv);
   EXPECT_DOUBLE_EQ(o.zipf_s, 1.2);
   EXPECT_EQ(*parse_options({"--dispatch-dtype", "fp8_e4m3"}).dispatch_dtype, DType::kFP8E4M3);
+  EXPECT_EQ(parse_options({}).layouts, (std::vector<ExpertLayout>{ExpertLayout::kMasked}));
+  EXPECT_EQ(parse_options({"--layout", "packed"}).layouts, (std::vector<ExpertLayout>{ExpertLayout::kPacked}));
+  EXPECT_EQ(parse_options({"--layout=masked,packed"}).layouts,
+            (std::vector<ExpertLayout>{ExpertLayout::kMasked, ExpertLayout::kPacked}));
+  EXPECT_NE(error_of({"--layout", "capacity"}).find("--layout: 'capacity' is not one of masked, packed"),
+            std::string::npos);
 }
 
 TEST(BenchOptions, ErrorsNameValueAndLimit) {
@@ -98,7 +104,7 @@ TEST(BenchOptions, SmokeShortensOnlyWhatIsNotGiven) {
 TEST(BenchOptions, UsageMentionsEveryOption) {
   const std::string u = usage();
   for (const char* opt : {"--preset", "--tokens", "--hidden", "--experts", "--topk", "--dispatch-dtype", "--dp-size",
-                          "--routing", "--iters", "--warmup", "--portable", "--num-sms", "--json", "--csv",
+                          "--routing", "--iters", "--warmup", "--portable", "--num-sms", "--json", "--csv", "--layout",
                           "--no-baselines", "--smoke"}) {
     EXPECT_NE(u.find(opt), std::string::npos) << opt;
   }

@@ -54,6 +54,19 @@ TEST(BenchPresets, Overrides) {
   EXPECT_EQ(cases[1].num_tokens, 2048);
 }
 
+TEST(BenchPresets, OneRowPerLayout) {
+  const std::vector<Case> cases =
+      expand_cases(parse_options({"--preset", "decode", "--tokens", "1,128", "--layout", "masked,packed"}), 1, 0);
+  ASSERT_EQ(cases.size(), 4u);
+  EXPECT_EQ(cases[0].num_tokens, 1);
+  EXPECT_EQ(cases[0].cfg.layout, ExpertLayout::kMasked);
+  EXPECT_EQ(cases[1].num_tokens, 1);
+  EXPECT_EQ(cases[1].cfg.layout, ExpertLayout::kPacked);
+  EXPECT_EQ(cases[3].num_tokens, 128);
+  EXPECT_EQ(cases[3].cfg.layout, ExpertLayout::kPacked);
+  for (const Case& c : cases) EXPECT_NO_THROW(validate(c.cfg));
+}
+
 TEST(BenchPresets, Errors) {
   try {
     expand_cases(parse_options({"--preset", "huge"}), 2, 0);

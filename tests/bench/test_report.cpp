@@ -35,7 +35,9 @@ Report sample_report() {
   e.combine_pct_of_ceiling = 20.0;
   e.symmetric_bytes = 123456789;
   e.graph_total_us_median = 60.0;
+  e.layout = "packed";
   Row n = e;
+  n.layout = "";
   n.system = "nccl";
   n.note = "padded, \"grouped\"";
   n.graph_total_us_median = kNotMeasured;
@@ -57,7 +59,8 @@ TEST(BenchReport, JsonHasRequiredFields) {
                           "\"note\": \"padded, \\\"grouped\\\"\"", "\"launch_floor_blocks\": 64",
                           "\"empty_kernel_us_median\": 4.5", "\"empty_one_warp_us_median\": 4.25",
                           "\"flag_exchange_us_median\": null", "\"hbm_copy_gbps\": 4012.5",
-                          "\"hbm_copy_us_median\": null", "\"hbm_copy_bytes\": 268435456"}) {
+                          "\"hbm_copy_us_median\": null", "\"hbm_copy_bytes\": 268435456",
+                          "\"layout\": \"packed\"", "\"layout\": \"\""}) {
     EXPECT_NE(j.find(key), std::string::npos) << key << "\n" << j;
   }
   EXPECT_EQ(j.find("nan"), std::string::npos);

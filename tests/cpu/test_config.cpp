@@ -52,6 +52,34 @@ TEST(Config, RejectsEachBadField) {
   expect_error([](auto& c) { c.capacity = 513; }, "capacity = 513 must be in [0, M * (W / D) = 512]");
   expect_error([](auto& c) { c.num_sms = -2; }, "num_sms = -2");
   expect_error([](auto& c) { c.timeout_ms = 0; }, "timeout_ms = 0");
+  expect_error([](auto& c) { c.layout = static_cast<ExpertLayout>(2); }, "layout = 2 must be kMasked (0) or kPacked (1)");
+  expect_error([](auto& c) { c.packed_rows = 64; }, "apply to layout = packed only");
+  expect_error([](auto& c) { c.packed_row_align = 128; }, "apply to layout = packed only");
+}
+
+TEST(Config, PackedLayoutFields) {
+  auto packed = [] {
+    AllToAllConfig c = good();
+    c.layout = ExpertLayout::kPacked;
+    return c;
+  };
+  EXPECT_NO_THROW(validate(packed()));
+  expect_error([&](auto& c) { c = packed(), c.capacity = 64; }, "capacity = 64 applies to layout = masked only");
+  expect_error([&](auto& c) { c = packed(), c.packed_row_align = 0; }, "packed_row_align = 0 must be in [1, 1024]");
+  expect_error([&](auto& c) { c = packed(), c.packed_row_align = 2048; }, "packed_row_align = 2048");
+  expect_error([&](auto& c) { c = packed(), c.packed_rows = -1; }, "packed_rows = -1 must be in [0, packed_row_bound = ");
+  // M * (W / D) * min(K, L) = 128 * 4 * 8 = 4096 rows at alignment 1.
+  expect_error([&](auto& c) { c = packed(), c.packed_rows = 4097; }, "packed_rows = 4097 must be in [0, packed_row_bound = 4096]");
+  expect_error([&](auto& c) { c = packed(), c.packed_row_align = 128, c.packed_rows = 200; },
+               "packed_rows = 200 must be a multiple of packed_row_align = 128");
+  AllToAllConfig c = packed();
+  c.packed_rows = 1000;
+  EXPECT_NO_THROW(validate(c));
+  c.packed_row_align = 8;
+  EXPECT_NO_THROW(validate(c));
+  EXPECT_NE(to_string(c).find("layout=packed, capacity=0, packed_rows=1000, packed_row_align=8"), std::string::npos)
+      << to_string(c);
+  EXPECT_NE(to_string(good()).find("layout=masked"), std::string::npos);
 }
 
 TEST(Config, DerivedQuantities) {
@@ -94,6 +122,13 @@ TEST(Config, AgreementFieldsLeaveOutRankLocalChoices) {
   EXPECT_EQ(agreement_fields(a), agreement_fields(b));
   b.hidden = 2048;
   EXPECT_NE(agreement_fields(a), agreement_fields(b));
+  // The layout and its row fields are agreed on, like capacity.
+  for (auto set : {+[](AllToAllConfig& c) { c.layout = ExpertLayout::kPacked; },
+                   +[](AllToAllConfig& c) { c.packed_rows = 256; }, +[](AllToAllConfig& c) { c.packed_row_align = 8; }}) {
+    AllToAllConfig d = good();
+    set(d);
+    EXPECT_NE(agreement_fields(a), agreement_fields(d));
+  }
 }
 
 TEST(Types, DtypeNamesRoundTrip) {

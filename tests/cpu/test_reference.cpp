@@ -1,6 +1,7 @@
 // The reference oracle's own invariants, on random routings.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <random>
 #include <cmath>
 #include <set>
@@ -134,6 +135,53 @@ TEST(Reference, CombineIsTheWeightedSumAndLinear) {
   for (size_t i = 0; i < out.size(); ++i) {
     EXPECT_NEAR(out2[i], 2 * out[i], 1e-3 * (1 + std::abs(out[i])));
     EXPECT_LE(std::abs(out[i]), mag[i] * (1 + 1e-6) + 1e-6);
+  }
+}
+
+// Drops against the placement: with room for everything nothing drops; with too little, the entries
+// surely dropped plus those maybe dropped cover exactly the shortfall's runs, per layout.
+TEST(Reference, DropsFollowThePlacement) {
+  std::mt19937 rng(std::random_device{}());
+  for (int trial = 0; trial < 200; ++trial) {
+    const int W = 1 << (rng() % 3);
+    AllToAllConfig c = cfg(W, 1, W * (1 + rng() % 4), 1 + rng() % 3, 16, 1 + rng() % 12);
+    if (c.experts_per_token > c.num_experts) continue;
+    const bool packed = rng() % 2;
+    if (packed) {
+      c.layout = ExpertLayout::kPacked;
+      c.packed_row_align = 1 + rng() % 4;
+    }
+    auto g = random_routing(c, rng);
+    for (auto& r : g)  // distinct experts per token (or none), for which the defaults cannot overflow
+      for (int t = 0; t < c.max_tokens_per_rank; ++t)
+        for (int k = 0; k < c.experts_per_token; ++k) {
+          int32_t& e = r.topk_idx[t * c.experts_per_token + k];
+          e = rng() % 3 == 0 ? -1 : (t + k) % c.num_experts;
+        }
+    validate(c);
+    EXPECT_TRUE(ref::dispatch_drops(c, g).dropped.empty());  // the defaults never overflow
+    EXPECT_TRUE(ref::dispatch_drops(c, g).maybe_dropped.empty());
+    if (packed) {
+      const int64_t rows = c.packed_row_align * static_cast<int64_t>(1 + rng() % 4);
+      c.packed_rows = static_cast<int>(std::min(rows, packed_row_bound(c) / c.packed_row_align * c.packed_row_align));
+    } else {
+      c.capacity = 1 + static_cast<int>(rng() % std::min(3, c.max_tokens_per_rank * W));
+    }
+    validate(c);
+    const ref::Drops d = ref::dispatch_drops(c, g);
+    size_t lost = 0;
+    for (int rank = 0; rank < W; ++rank) {
+      const ExpertPlacement pl = ref::expert_placement(c, rank, g);
+      const auto want = ref::expert_counts(c, rank, g);
+      for (size_t el = 0; el < want.size(); ++el) {
+        EXPECT_LE(pl.count[el], want[el]);
+        lost += want[el] - pl.count[el];
+        if (packed) EXPECT_LE(pl.first_row[el] + pl.count[el], effective_packed_rows(c));
+      }
+    }
+    EXPECT_LE(d.dropped.size(), lost);
+    EXPECT_GE(d.dropped.size() + d.maybe_dropped.size(), lost);
+    EXPECT_EQ(lost == 0, d.dropped.empty() && d.maybe_dropped.empty());
   }
 }
 

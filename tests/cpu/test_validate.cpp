@@ -273,5 +273,51 @@ TEST(Validate, WeightsAtDispatchMoveTheWeights) {
   expect_error([&] { host::check_combine_args(c, cb, true, true, "combine"); }, "dispatch carried them");
 }
 
+TEST(Validate, PackedLayoutShapes) {
+  AllToAllConfig c = cfg();
+  c.layout = ExpertLayout::kPacked;
+  c.packed_rows = 40;
+  validate(c);
+  const int64_t H = c.hidden, R = 40, L = 4;
+  DispatchArgs d = good_dispatch(c);
+  d.expert_x = Tensor(addr(4), c.dispatch_dtype, {R, H});
+  d.expert_x_scale = Tensor(addr(5), DType::kFP32, {R, 2});
+  d.expert_offsets = Tensor(addr(12), DType::kInt32, {L + 1});
+  const kernels::DispatchIO io = host::check_dispatch_args(c, d, true, true, "dispatch");
+  EXPECT_EQ(io.expert_offsets, d.expert_offsets.data);
+  EXPECT_EQ(io.expert_x, d.expert_x.data);
+  auto bad = [&](const std::function<void(DispatchArgs&)>& mutate, const std::string& needle) {
+    DispatchArgs a = d;
+    mutate(a);
+    expect_error([&] { host::check_dispatch_args(c, a, true, true, "dispatch"); }, needle);
+  };
+  bad([&](auto& a) { a.expert_x = Tensor(addr(4), c.dispatch_dtype, {4, 16, H}); }, "expert_x has shape [4, 16, 256] (3 dims), expected 2 dims");
+  bad([&](auto& a) { a.expert_x.shape[0] = 41; }, "expert_x has shape [41, 256]: dim 0 is 41, expected 40");
+  bad([&](auto& a) { a.expert_x_scale.shape[0] = 39; }, "expert_x_scale has shape [39, 2]");
+  bad([&](auto& a) { a.expert_offsets = Tensor(); }, "expert_offsets (layout = packed) is missing");
+  bad([&](auto& a) { a.expert_offsets.shape[0] = L; }, "expert_offsets (layout = packed) has shape [4]: dim 0 is 4, expected 5");
+  bad([&](auto& a) { a.expert_offsets.dtype = DType::kInt64; }, "expert_offsets (layout = packed) has dtype int64");
+  // The send half reads no outputs, in either layout.
+  DispatchArgs send_only = d;
+  send_only.expert_offsets = Tensor();
+  EXPECT_NO_THROW(host::check_dispatch_args(c, send_only, true, false, "dispatch_send"));
+  // The masked layout takes no offsets.
+  const AllToAllConfig m = cfg();
+  DispatchArgs with_offsets = good_dispatch(m);
+  with_offsets.expert_offsets = Tensor(addr(12), DType::kInt32, {L + 1});
+  expect_error([&] { host::check_dispatch_args(m, with_offsets, true, true, "dispatch"); },
+               "dispatch: expert_offsets given but layout = masked");
+  // Combine reads expert_y in the same packed rows.
+  CombineArgs cb = good_combine(c);
+  cb.expert_y = Tensor(addr(8), c.combine_in_dtype, {R, H});
+  EXPECT_NO_THROW(host::check_combine_args(c, cb, true, true, "combine"));
+  cb.expert_y = Tensor(addr(8), c.combine_in_dtype, {L, 16, H});
+  expect_error([&] { host::check_combine_args(c, cb, true, true, "combine"); }, "expert_y has shape [4, 16, 256] (3 dims)");
+  // R defaults to the bound: M * (W / D) * min(K, L) = 8 * 2 * 4 = 64 at alignment 1.
+  c.packed_rows = 0;
+  d.expert_x.shape[0] = d.expert_x_scale.shape[0] = 64;
+  EXPECT_NO_THROW(host::check_dispatch_args(c, d, true, true, "dispatch"));
+}
+
 }  // namespace
 }  // namespace epkit

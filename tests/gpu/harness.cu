@@ -178,16 +178,17 @@ void host_expert_output(const AllToAllConfig& cfg, const GroupInputs& in, int t,
 
 void RankBuffers::allocate(const AllToAllConfig& cfg, DType idx) {
   const size_t M = cfg.max_tokens_per_rank, H = cfg.hidden, K = cfg.experts_per_token;
-  const size_t L = num_local_experts(cfg), cap = effective_capacity(cfg), ns = scales_per_token(cfg);
+  const size_t L = num_local_experts(cfg), rows = expert_rows(cfg), ns = scales_per_token(cfg);
   idx_dtype = idx;
   x = DeviceBuffer(M * H * dtype_size(cfg.dispatch_dtype));
   x_scale = DeviceBuffer(M * ns * 4);
   topk_idx = DeviceBuffer(M * K * dtype_size(idx));
   weights = DeviceBuffer(M * K * 4);
-  expert_x = DeviceBuffer(L * cap * H * dtype_size(cfg.dispatch_dtype));
-  expert_x_scale = DeviceBuffer(L * cap * ns * 4);
+  expert_x = DeviceBuffer(rows * H * dtype_size(cfg.dispatch_dtype));
+  expert_x_scale = DeviceBuffer(rows * ns * 4);
   expert_num_tokens = DeviceBuffer(L * 4);
-  expert_y = DeviceBuffer(L * cap * H * dtype_size(cfg.combine_in_dtype));
+  expert_offsets = DeviceBuffer(cfg.layout == ExpertLayout::kPacked ? (L + 1) * 4 : 0);
+  expert_y = DeviceBuffer(rows * H * dtype_size(cfg.combine_in_dtype));
   out = DeviceBuffer(M * H * dtype_size(cfg.combine_out_dtype));
   m_dev = DeviceBuffer(4);
 }
@@ -215,31 +216,40 @@ void RankBuffers::upload(const AllToAllConfig& cfg, const GroupInputs& in, cudaS
   cuda_or_throw(cudaMemsetAsync(expert_x.ptr, 0xA5, expert_x.bytes, st), "poison");
   if (expert_x_scale.bytes) cuda_or_throw(cudaMemsetAsync(expert_x_scale.ptr, 0xFF, expert_x_scale.bytes, st), "p");
   cuda_or_throw(cudaMemsetAsync(expert_num_tokens.ptr, 0xF9, expert_num_tokens.bytes, st), "poison");
+  if (expert_offsets.bytes) cuda_or_throw(cudaMemsetAsync(expert_offsets.ptr, 0xF9, expert_offsets.bytes, st), "p");
   cuda_or_throw(cudaMemsetAsync(expert_y.ptr, 0xFF, expert_y.bytes, st), "poison");
   cuda_or_throw(cudaMemsetAsync(out.ptr, 0xFF, out.bytes, st), "poison");
   cuda_or_throw(cudaStreamSynchronize(st), "upload sync");
 }
 
+namespace {
+// The expert-major tensor view of `buf` in the config's layout, with trailing dim `inner`.
+Tensor expert_view(const AllToAllConfig& cfg, void* buf, DType t, int64_t inner) {
+  if (cfg.layout == ExpertLayout::kPacked) return Tensor(buf, t, {effective_packed_rows(cfg), inner});
+  return Tensor(buf, t, {num_local_experts(cfg), effective_capacity(cfg), inner});
+}
+}  // namespace
+
 DispatchArgs RankBuffers::dispatch_args(const AllToAllConfig& cfg, int m, bool device_m) const {
   const int64_t M = cfg.max_tokens_per_rank, H = cfg.hidden, K = cfg.experts_per_token;
-  const int64_t L = num_local_experts(cfg), cap = effective_capacity(cfg), ns = scales_per_token(cfg);
+  const int64_t L = num_local_experts(cfg), ns = scales_per_token(cfg);
   DispatchArgs a;
   a.x = Tensor(x.ptr, cfg.dispatch_dtype, {M, H});
   if (ns) a.x_scale = Tensor(x_scale.ptr, DType::kFP32, {M, ns});
   a.topk_idx = Tensor(topk_idx.ptr, idx_dtype, {M, K});
   if (device_m) a.num_tokens_device = m_dev.as<int32_t>(); else a.num_tokens = m;
-  a.expert_x = Tensor(expert_x.ptr, cfg.dispatch_dtype, {L, cap, H});
-  if (ns) a.expert_x_scale = Tensor(expert_x_scale.ptr, DType::kFP32, {L, cap, ns});
+  a.expert_x = expert_view(cfg, expert_x.ptr, cfg.dispatch_dtype, H);
+  if (ns) a.expert_x_scale = expert_view(cfg, expert_x_scale.ptr, DType::kFP32, ns);
   a.expert_num_tokens = Tensor(expert_num_tokens.ptr, DType::kInt32, {L});
+  if (cfg.layout == ExpertLayout::kPacked) a.expert_offsets = Tensor(expert_offsets.ptr, DType::kInt32, {L + 1});
   if (cfg.weights_at_dispatch) a.topk_weights = Tensor(weights.ptr, DType::kFP32, {M, K});
   return a;
 }
 
 CombineArgs RankBuffers::combine_args(const AllToAllConfig& cfg, int m, bool device_m) const {
   const int64_t M = cfg.max_tokens_per_rank, H = cfg.hidden, K = cfg.experts_per_token;
-  const int64_t L = num_local_experts(cfg), cap = effective_capacity(cfg);
   CombineArgs a;
-  a.expert_y = Tensor(expert_y.ptr, cfg.combine_in_dtype, {L, cap, H});
+  a.expert_y = expert_view(cfg, expert_y.ptr, cfg.combine_in_dtype, H);
   a.topk_idx = Tensor(topk_idx.ptr, idx_dtype, {M, K});
   if (!cfg.weights_at_dispatch) a.topk_weights = Tensor(weights.ptr, DType::kFP32, {M, K});
   if (device_m) a.num_tokens_device = m_dev.as<int32_t>(); else a.num_tokens = m;
@@ -264,15 +274,17 @@ __device__ __half dev_encode<__half>(float v) { return __float2half_rn(v); }
 template <>
 __device__ float dev_encode<float>(float v) { return v; }
 
+// offsets: the packed layout's first rows (null: masked, el * cap). counts are the placed rows.
 template <typename Tx, typename Ty>
-__global__ void expert_kernel(const Tx* x, const float* scale, const int32_t* counts, Ty* y, int rank, int L, int cap,
-                              int H, int ns) {
+__global__ void expert_kernel(const Tx* x, const float* scale, const int32_t* counts, const int32_t* offsets, Ty* y,
+                              int rank, int L, int cap, int H, int ns) {
   const int el = blockIdx.y;
-  const int n = min(counts[el], cap);
+  const int n = offsets ? counts[el] : min(counts[el], cap);
+  const size_t first = offsets ? static_cast<size_t>(offsets[el]) : static_cast<size_t>(el) * cap;
   const int e = rank * L + el;
   const float c = 1.0f + 0.125f * static_cast<float>(e % 7), d = 0.01f * static_cast<float>(e % 5);
   for (int pos = blockIdx.x; pos < n; pos += gridDim.x) {
-    const size_t row = static_cast<size_t>(el) * cap + pos;
+    const size_t row = first + pos;
     for (int h = threadIdx.x; h < H; h += blockDim.x) {
       float v = dev_decode(x + row * H + h);
       if (ns) v = __fmul_rn(v, scale[row * ns + h / 128]);
@@ -288,10 +300,11 @@ void launch_expert_in(const AllToAllConfig& cfg, const RankBuffers& b, cudaStrea
   auto* x = b.expert_x.as<Tx>();
   auto* s = b.expert_x_scale.as<float>();
   auto* c = b.expert_num_tokens.as<int32_t>();
+  auto* o = cfg.layout == ExpertLayout::kPacked ? b.expert_offsets.as<int32_t>() : nullptr;
   switch (cfg.combine_in_dtype) {
-    case DType::kBF16: expert_kernel<<<grid, 256, 0, st>>>(x, s, c, b.expert_y.as<__nv_bfloat16>(), cfg.rank, L, cap, H, ns); break;
-    case DType::kFP16: expert_kernel<<<grid, 256, 0, st>>>(x, s, c, b.expert_y.as<__half>(), cfg.rank, L, cap, H, ns); break;
-    default: expert_kernel<<<grid, 256, 0, st>>>(x, s, c, b.expert_y.as<float>(), cfg.rank, L, cap, H, ns); break;
+    case DType::kBF16: expert_kernel<<<grid, 256, 0, st>>>(x, s, c, o, b.expert_y.as<__nv_bfloat16>(), cfg.rank, L, cap, H, ns); break;
+    case DType::kFP16: expert_kernel<<<grid, 256, 0, st>>>(x, s, c, o, b.expert_y.as<__half>(), cfg.rank, L, cap, H, ns); break;
+    default: expert_kernel<<<grid, 256, 0, st>>>(x, s, c, o, b.expert_y.as<float>(), cfg.rank, L, cap, H, ns); break;
   }
 }
 }  // namespace
@@ -324,59 +337,90 @@ std::vector<T> download(const DeviceBuffer& b) {
 }  // namespace
 
 std::string check_dispatch(const AllToAllConfig& cfg, const std::vector<GroupInputs>& groups, const RankBuffers& b) {
-  const int L = num_local_experts(cfg), cap = effective_capacity(cfg), ns = scales_per_token(cfg);
+  const int L = num_local_experts(cfg), ns = scales_per_token(cfg);
+  const bool packed = cfg.layout == ExpertLayout::kPacked;
   const size_t pb = static_cast<size_t>(cfg.hidden) * dtype_size(cfg.dispatch_dtype);
-  const auto slots = ref::dispatch_slots(cfg, cfg.rank, routings(cfg, groups));
+  const size_t rows = static_cast<size_t>(expert_rows(cfg));
+  const auto rt = routings(cfg, groups);
+  const auto slots = ref::dispatch_slots(cfg, cfg.rank, rt);
+  const ExpertPlacement place = ref::expert_placement(cfg, cfg.rank, rt);
   const auto counts = download<int32_t>(b.expert_num_tokens);
+  const auto offsets = packed ? download<int32_t>(b.expert_offsets) : std::vector<int32_t>{};
   const auto ex = download<uint8_t>(b.expert_x);
   const auto es = ns ? download<float>(b.expert_x_scale) : std::vector<float>{};
   std::ostringstream err;
-  for (int el = 0; el < L; ++el) {
-    const int want = static_cast<int>(slots[el].size());
-    if (counts[el] != want) {
-      err << "expert " << cfg.rank * L + el << ": count " << counts[el] << ", reference " << want;
+  for (int el = 0; packed && el <= L; ++el)
+    if (offsets[el] != place.offsets[el]) {
+      err << "expert_offsets[" << el << "] = " << offsets[el] << ", reference " << place.offsets[el];
       return err.str();
     }
+  std::vector<char> covered(rows, 0);
+  for (int el = 0; el < L; ++el) {
+    const int want = place.count[el];
+    const int64_t first = place.first_row[el];
+    if (counts[el] != want) {
+      err << "expert " << cfg.rank * L + el << ": count " << counts[el] << ", reference " << want
+          << (want < static_cast<int>(slots[el].size()) ? " (clamped to the room)" : "");
+      return err.str();
+    }
+    const int total = static_cast<int>(slots[el].size());
+    auto row_bytes = [&](const uint8_t* payload, const float* scale) {
+      std::string s(reinterpret_cast<const char*>(payload), pb);
+      if (ns) s.append(reinterpret_cast<const char*>(scale), ns * 4);
+      return s;
+    };
     std::vector<std::string> got, ref;
     for (int pos = 0; pos < want; ++pos) {
-      const size_t row = static_cast<size_t>(el) * cap + pos;
-      std::string s(reinterpret_cast<const char*>(&ex[row * pb]), pb);
-      if (ns) s.append(reinterpret_cast<const char*>(&es[row * ns]), ns * 4);
-      got.push_back(std::move(s));
+      const size_t row = static_cast<size_t>(first + pos);
+      covered[row] = 1;
+      got.push_back(row_bytes(&ex[row * pb], ns ? &es[row * ns] : nullptr));
     }
     for (const ref::Slot& sl : slots[el]) {
       const GroupInputs& in = groups[sl.group];
-      std::string s(reinterpret_cast<const char*>(&in.x[static_cast<size_t>(sl.token) * pb]), pb);
-      if (ns) s.append(reinterpret_cast<const char*>(&in.x_scale[static_cast<size_t>(sl.token) * ns]), ns * 4);
-      ref.push_back(std::move(s));
+      ref.push_back(row_bytes(&in.x[static_cast<size_t>(sl.token) * pb],
+                              ns ? &in.x_scale[static_cast<size_t>(sl.token) * ns] : nullptr));
     }
     // One run per sender, in the order ref::dispatch_slots gives (own tokens first): each run must
-    // hold exactly the reference's rows for that sender. Within a run the order is unspecified.
-    for (int lo = 0; lo < want;) {
+    // hold exactly the reference's rows for that sender. Within a run the order is unspecified, so a
+    // run cut by the end of the room holds some subset of its rows.
+    for (int lo = 0; lo < total && lo < want;) {
       const int sender = dp_sender_rank(cfg, slots[el][lo].group, slots[el][lo].token);
       int hi = lo;
-      while (hi < want && dp_sender_rank(cfg, slots[el][hi].group, slots[el][hi].token) == sender) ++hi;
-      std::vector<std::string> g(got.begin() + lo, got.begin() + hi), r(ref.begin() + lo, ref.begin() + hi);
+      while (hi < total && dp_sender_rank(cfg, slots[el][hi].group, slots[el][hi].token) == sender) ++hi;
+      const int got_hi = std::min(hi, want);
+      std::vector<std::string> g(got.begin() + lo, got.begin() + got_hi), r(ref.begin() + lo, ref.begin() + hi);
       std::sort(g.begin(), g.end());
       std::sort(r.begin(), r.end());
-      if (g != r) {
-        std::sort(got.begin(), got.end());
-        std::sort(ref.begin(), ref.end());
-        err << "expert " << cfg.rank * L + el << ": slots " << lo << ".." << hi - 1 << " (the run from rank "
-            << sender << ") do not hold that rank's " << hi - lo << " rows"
-            << (got == ref ? ", though all rows are there: the runs are out of order"
-                           : ": the (payload, scales) rows differ from the reference");
+      const bool ok = got_hi == hi ? g == r : std::includes(r.begin(), r.end(), g.begin(), g.end());
+      if (!ok) {
+        std::vector<std::string> ga(got), ra(ref.begin(), ref.begin() + want);
+        std::sort(ga.begin(), ga.end());
+        std::sort(ra.begin(), ra.end());
+        err << "expert " << cfg.rank * L + el << ": rows " << first + lo << ".." << first + got_hi - 1
+            << " (the run from rank " << sender << (got_hi < hi ? ", cut by the room" : "") << ") do not hold "
+            << (got_hi < hi ? "a subset of " : "") << "that rank's " << hi - lo << " rows"
+            << (ga == ra ? ", though all rows are there: the runs are out of order"
+                         : ": the (payload, scales) rows differ from the reference");
         return err.str();
       }
       lo = hi;
     }
-    for (int pos = want; pos < cap; ++pos) {  // nothing may be written past the count
-      const size_t row = static_cast<size_t>(el) * cap + pos;
-      for (size_t i = 0; i < pb; ++i)
-        if (ex[row * pb + i] != 0xA5) {
-          err << "expert " << cfg.rank * L + el << ": slot " << pos << " >= count " << want << " was written";
-          return err.str();
-        }
+  }
+  for (size_t row = 0; row < rows; ++row) {  // nothing may be written outside the placed rows
+    if (covered[row]) continue;
+    for (size_t i = 0; i < pb; ++i)
+      if (ex[row * pb + i] != 0xA5) {
+        err << "expert_x row " << row << " is in no expert's placed rows but was written";
+        if (!packed) err << " (expert " << cfg.rank * L + static_cast<int>(row) / effective_capacity(cfg) << ")";
+        return err.str();
+      }
+    for (int i = 0; i < ns; ++i) {
+      uint32_t bits;
+      std::memcpy(&bits, &es[row * ns + i], 4);
+      if (bits != 0xFFFFFFFFu) {
+        err << "expert_x_scale row " << row << " is in no expert's placed rows but was written";
+        return err.str();
+      }
     }
   }
   return "";
@@ -390,8 +434,30 @@ double combine_rel_tolerance(DType out) {
 std::string check_combine(const AllToAllConfig& cfg, const std::vector<GroupInputs>& groups, const RankBuffers& b) {
   const int g = cfg.rank / cfg.dp_size, H = cfg.hidden, M = cfg.max_tokens_per_rank;
   const GroupInputs& in = groups[g];
-  auto rt = routings(cfg, groups)[g];
-  auto f = [&](int e, int t, float* y) { host_expert_output(cfg, in, t, e, y); };
+  const auto all = routings(cfg, groups);
+  const auto& rt = all[g];
+  // Entries dispatch dropped for lack of room contribute nothing; tokens with an entry that may or
+  // may not have been dropped (or one expert listed twice among the dropped) are not checked.
+  const ref::Drops drops = ref::dispatch_drops(cfg, all);
+  const int K = cfg.experts_per_token;
+  std::vector<char> skip(M, 0);
+  std::vector<std::vector<int>> dropped_experts(M);
+  for (const ref::Slot& s : drops.maybe_dropped)
+    if (s.group == g) skip[s.token] = 1;
+  for (const ref::Slot& s : drops.dropped)
+    if (s.group == g) dropped_experts[s.token].push_back(in.topk_idx[static_cast<size_t>(s.token) * K + s.k]);
+  for (int t = 0; t < M; ++t)
+    for (int k = 0; k < K && !dropped_experts[t].empty(); ++k)
+      for (int k2 = 0; k2 < k; ++k2)
+        if (in.topk_idx[static_cast<size_t>(t) * K + k] == in.topk_idx[static_cast<size_t>(t) * K + k2]) skip[t] = 1;
+  auto f = [&](int e, int t, float* y) {
+    const auto& d = dropped_experts[t];
+    if (std::find(d.begin(), d.end(), e) != d.end()) {
+      std::fill(y, y + cfg.hidden, 0.f);
+      return;
+    }
+    host_expert_output(cfg, in, t, e, y);
+  };
   const auto want = ref::combine(cfg, rt, in.weights, f);
   const auto mag = ref::combine_abs(cfg, rt, in.weights, f);
   const auto raw = download<uint8_t>(b.out);
@@ -408,6 +474,7 @@ std::string check_combine(const AllToAllConfig& cfg, const std::vector<GroupInpu
         }
         continue;
       }
+      if (skip[t]) continue;
       const float got = decode(cfg.combine_out_dtype, p);
       const double w = want[static_cast<size_t>(t) * H + h], a = mag[static_cast<size_t>(t) * H + h];
       if (!(std::abs(got - w) <= tol * a + 1e-7)) {

@@ -74,8 +74,11 @@ float expert_bias(int expert);
 void host_expert_output(const AllToAllConfig& cfg, const GroupInputs& in, int token, int expert, float* y);
 
 // Device buffers of one rank for one layer.
+// Expert-major buffers follow the config's layout (ExpertShapes): [L, cap, ...] or [R, ...] plus
+// expert_offsets [L + 1] for packed.
 struct RankBuffers {
-  DeviceBuffer x, x_scale, topk_idx, weights, expert_x, expert_x_scale, expert_num_tokens, expert_y, out, m_dev;
+  DeviceBuffer x, x_scale, topk_idx, weights, expert_x, expert_x_scale, expert_num_tokens, expert_offsets, expert_y,
+      out, m_dev;
   DType idx_dtype = DType::kInt32;
   void allocate(const AllToAllConfig& cfg, DType idx_dtype);
   void upload(const AllToAllConfig& cfg, const GroupInputs& in, cudaStream_t st);  // also poisons outputs
@@ -83,10 +86,14 @@ struct RankBuffers {
   CombineArgs combine_args(const AllToAllConfig& cfg, int m, bool device_m) const;
 };
 
-// Launches the test expert: y[el][pos] = f(x[el][pos]) for pos < expert_num_tokens[el].
+// Launches the test expert: y[row] = f(x[row]) for the rows first(el) + [0, expert_num_tokens[el]) of
+// each local expert (first = el * capacity, or expert_offsets[el] packed); other rows stay untouched.
 void launch_expert(const AllToAllConfig& cfg, const RankBuffers& b, cudaStream_t st);
 
 // Checks this rank's outputs against the reference; returns "" or a description of the first problem.
+// Both layouts; where the room overflows (a small capacity or R), the runs that fit are exact, a
+// run that straddles the end holds a subset of its rows, nothing is written outside the placed rows,
+// and combine is checked for the tokens whose drops are known (ref::dispatch_drops).
 std::string check_dispatch(const AllToAllConfig& cfg, const std::vector<GroupInputs>& groups, const RankBuffers& b);
 std::string check_combine(const AllToAllConfig& cfg, const std::vector<GroupInputs>& groups, const RankBuffers& b);
 

@@ -1,5 +1,6 @@
 // GPU suite: dispatch/combine against the host reference, run as N processes under epkit-run.
-//   test_all_to_all [--dp D] [--portable] [--sweep full|quick] [gtest flags]
+//   test_all_to_all [--dp D] [--portable] [--sweep full|quick] [--layout masked|packed] [gtest flags]
+// --layout packed runs every case with the expert-packed dispatch layout (alignment varying by case).
 // Every rank runs the same cases in the same order; after each case the ranks agree on pass/fail,
 // so a failure on one rank fails all of them instead of leaving peers waiting.
 #include <cuda_runtime.h>
@@ -17,6 +18,7 @@ namespace {
 int g_dp = 1;
 bool g_portable = false;
 bool g_full = true;
+ExpertLayout g_layout = ExpertLayout::kMasked;
 constexpr int kM = 32;
 
 AllToAllConfig make_config(int hidden, int topk, int experts, DType payload, int variant) {
@@ -35,6 +37,13 @@ AllToAllConfig make_config(int hidden, int topk, int experts, DType payload, int
   c.combine_out_dtype = outs[variant % 2];
   c.path = g_portable ? DataPath::kPortable : DataPath::kAuto;
   c.weights_at_dispatch = variant % 4 == 1;  // both ways of passing the router weights
+  c.layout = g_layout;
+  if (g_layout == ExpertLayout::kPacked) {
+    // No alignment, a small one, and DeepGEMM's 128 rows (which pads each expert to 128 rows: only
+    // on small rows, to keep the buffers of 8 ranks on one GPU small).
+    const int aligns[] = {1, 4, 128};
+    c.packed_row_align = hidden >= 4096 ? aligns[variant % 2] : aligns[variant % 3];
+  }
   return c;
 }
 
@@ -221,7 +230,8 @@ TEST(AllToAll, LargeCallsLookBackHistogram) {
     cfg.max_tokens_per_rank = M;
     cfg.num_sms = k.num_sms;
     const bool wide = k.experts > 1024;
-    if (wide) cfg.capacity = 1024;  // [E/W, capacity, H] stays small; its routings stay far below it
+    if (wide && g_layout == ExpertLayout::kMasked) cfg.capacity = 1024;  // [E/W, capacity, H] stays small;
+                                                                        // its routings stay far below it
     AllToAll a2a(comm(), cfg);
     RankBuffers b;
     b.allocate(cfg, idx_type(variant));
@@ -273,6 +283,79 @@ TEST(AllToAll, DTypesChosenPerCall) {
   cudaStreamDestroy(st);
 }
 
+// Too little room (masked: capacity = number of groups; packed: R = 16 rows at a 4-row alignment, 32
+// with 8 groups)
+// while every token also goes to expert 0: the ranks whose experts overflow report it (recoverable,
+// raised by combine or check()), the runs that fit are exact, nothing is written outside the placed
+// rows, dropped entries contribute nothing to combine, and the next layer is correct.
+TEST(AllToAll, OverflowIsReportedNotWritten) {
+  AllToAllConfig cfg = make_config(256, 4, 4 * comm().world_size(), DType::kFP8E4M3, 4);
+  cfg.max_tokens_per_rank = 16;
+  if (g_layout == ExpertLayout::kPacked) {
+    // Room for one token per group in each of the L = 4 local experts (the layer after), far less
+    // than expert 0's M tokens per group.
+    cfg.packed_row_align = 4;
+    cfg.packed_rows = 4 * ((num_dp_groups(cfg) + 3) / 4 * 4);
+  } else {
+    cfg.capacity = num_dp_groups(cfg);
+  }
+  const int M = cfg.max_tokens_per_rank, K = cfg.experts_per_token;
+  AllToAll a2a(comm(), cfg);
+  RankBuffers b;
+  b.allocate(cfg, DType::kInt32);
+  cudaStream_t st;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), cudaSuccess);
+  std::string problem;
+  for (int it = 0; it < 2 && problem.empty(); ++it) {
+    try {
+      auto groups = make_inputs(cfg, Routing::kUniform, M - it, case_seed(96000 + it));
+      for (auto& g : groups)
+        for (int t = 0; t < M; ++t) {
+          int32_t* row = &g.topk_idx[static_cast<size_t>(t) * K];
+          bool has = false;
+          for (int k = 0; k < K; ++k) has |= row[k] == 0;
+          if (!has) row[t % K] = 0;  // expert 0, on rank 0, gets every token
+        }
+      std::vector<ref::GroupRouting> rt(groups.size());
+      for (size_t g = 0; g < groups.size(); ++g) rt[g] = {groups[g].m, groups[g].topk_idx};
+      const bool overflows = ref::expert_placement(cfg, cfg.rank, rt).overflow;
+      b.upload(cfg, groups[cfg.rank / cfg.dp_size], st);
+      const bool dev_m = it == 1;
+      auto layer = [&] {
+        run_layer(a2a, cfg, b, groups[0].m, dev_m, it == 1, st);
+        cudaStreamSynchronize(st);
+        a2a.check();
+      };
+      if (cfg.rank == 0 && !overflows) problem = "rank 0's experts should have overflowed";
+      std::string err;
+      try {
+        layer();
+        if (overflows) err = "an overflow on this rank was not reported";
+      } catch (const Error& e) {
+        const std::string want = g_layout == ExpertLayout::kPacked ? "packed rows overflow in dispatch_recv on rank "
+                                                                   : "capacity overflow in dispatch_recv on rank ";
+        if (!overflows) err = std::string("unexpected error: ") + e.what();
+        else if (std::string(e.what()).find(want + std::to_string(cfg.rank)) == std::string::npos)
+          err = std::string("error '") + e.what() + "' lacks '" + want + "'";
+        cudaStreamSynchronize(st);
+      }
+      if (problem.empty()) problem = err;
+      if (problem.empty()) problem = check_dispatch(cfg, groups, b);
+      if (problem.empty()) problem = check_combine(cfg, groups, b);
+    } catch (const std::exception& e) {
+      problem = e.what();
+    }
+  }
+  // The object stays usable: a layer that fits (one token per rank) is exact.
+  const std::string after = checked_layer(a2a, cfg, b, Routing::kUniform, 1, case_seed(96100), st, [&] {
+    run_layer(a2a, cfg, b, 1, false, false, st);
+    return std::string();
+  });
+  if (problem.empty()) problem = after;
+  cudaStreamDestroy(st);
+  AGREE_OR_FAIL(problem, describe(cfg, Routing::kUniform, M));
+}
+
 TEST(AllToAll, EightLayersWithoutHostSync) {
   const AllToAllConfig cfg = make_config(7168, 8, 256, DType::kFP8E4M3, 3);
   AllToAll a2a(comm(), cfg);
@@ -313,8 +396,10 @@ int main(int argc, char** argv) {
       if (!std::strcmp(v[i], "--portable")) epkit::test::g_portable = true;
       else if (!std::strcmp(v[i], "--dp") && i + 1 < n) epkit::test::g_dp = std::atoi(v[++i]);
       else if (!std::strcmp(v[i], "--sweep") && i + 1 < n) epkit::test::g_full = std::strcmp(v[++i], "quick") != 0;
+      else if (!std::strcmp(v[i], "--layout") && i + 1 < n)
+        epkit::test::g_layout = std::strcmp(v[++i], "packed") ? epkit::ExpertLayout::kMasked : epkit::ExpertLayout::kPacked;
     }
-    std::printf("dp=%d path=%s sweep=%s\n", epkit::test::g_dp, epkit::test::g_portable ? "portable" : "auto",
-                epkit::test::g_full ? "full" : "quick");
+    std::printf("dp=%d path=%s sweep=%s layout=%s\n", epkit::test::g_dp, epkit::test::g_portable ? "portable" : "auto",
+                epkit::test::g_full ? "full" : "quick", epkit::layout_name(epkit::test::g_layout));
   });
 }

@@ -127,6 +127,18 @@ Options parse_options(const std::vector<std::string>& args) {
       o.max_tokens = static_cast<int>(parse_int(name, next(), 0, kIntMax));
     } else if (name == "--capacity") {
       o.capacity = static_cast<int>(parse_int(name, next(), 0, kIntMax));
+    } else if (name == "--layout") {
+      const std::string v = next();
+      o.layouts.clear();
+      for (const std::string& l : split_commas(v)) {
+        if (l == "masked") {
+          o.layouts.push_back(ExpertLayout::kMasked);
+        } else if (l == "packed") {
+          o.layouts.push_back(ExpertLayout::kPacked);
+        } else {
+          EPKIT_FAIL("--layout: '", l, "' is not one of masked, packed");
+        }
+      }
     } else if (name == "--routing") {
       const std::string v = next();
       if (v == "uniform") {
@@ -197,6 +209,8 @@ Run as: epkit-run -n N epkit-bench [options]
   --dp-size D            ranks per DP group (they share tokens and routing); default 1
   --max-tokens M         AllToAll's max_tokens_per_rank; default: the row's token count
   --capacity C           slots per local expert; default: the library's (never overflows)
+  --layout L[,L]         expert layout of dispatch/combine: masked ([E/W, capacity, H]) | packed ([R, H]);
+                         a list runs every row in each; default masked
   --routing R            uniform | skewed (Zipf expert popularity, see --zipf-s); default uniform
   --zipf-s S             skew exponent of --routing skewed, 0..8; default 1.0
   --seed N               routing/input seed; default 1

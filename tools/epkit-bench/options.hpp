@@ -33,6 +33,8 @@ struct Options {
   int dp_size = 1;                            // ranks per DP group, >= 1
   int max_tokens = 0;                         // AllToAll's M; 0 = the row's token count
   int capacity = 0;                           // slots per local expert; 0 = library default
+  // Expert layouts to run each row in (--layout, comma list): each row is measured once per layout.
+  std::vector<ExpertLayout> layouts = {ExpertLayout::kMasked};
   RoutingKind routing = RoutingKind::kUniform;
   double zipf_s = 1.0;                        // skewed routing: popularity of the i-th expert ~ 1/(i+1)^s
   uint64_t seed = 1;                          // routing and input seed (per DP group it is mixed with the group index)

@@ -32,33 +32,36 @@ std::vector<Case> expand_cases(const Options& opt, int world_size, int rank) {
     const Preset& p = find_preset(name);
     const std::vector<int>& tokens = opt.tokens ? *opt.tokens : p.tokens;
     for (int m : tokens) {
-      Case c;
-      c.preset = p.name;
-      c.num_tokens = m;
-      c.routing = opt.routing;
-      c.zipf_s = opt.zipf_s;
-      c.seed = opt.seed;
-      AllToAllConfig& cfg = c.cfg;
-      cfg.world_size = world_size;
-      cfg.rank = rank;
-      cfg.dp_size = opt.dp_size;
-      cfg.hidden = opt.hidden.value_or(p.hidden);
-      cfg.num_experts = opt.experts.value_or(p.num_experts);
-      cfg.experts_per_token = opt.topk.value_or(p.topk);
-      cfg.dispatch_dtype = opt.dispatch_dtype.value_or(p.dispatch_dtype);
-      cfg.combine_in_dtype = opt.combine_dtype.value_or(p.combine_dtype);
-      cfg.combine_out_dtype = cfg.combine_in_dtype;
-      EPKIT_CHECK(opt.max_tokens == 0 || opt.max_tokens >= m, "--max-tokens ", opt.max_tokens,
-                  " is below the row's token count ", m, " (preset ", p.name, ")");
-      cfg.max_tokens_per_rank = std::max(m, opt.max_tokens);
-      cfg.capacity = opt.capacity;
-      cfg.path = opt.portable ? DataPath::kPortable : DataPath::kAuto;
-      cfg.weights_at_dispatch = opt.weights_at_dispatch;
-      cfg.num_sms = opt.num_sms;
-      EPKIT_CHECK(cfg.experts_per_token <= cfg.num_experts, "--topk ", cfg.experts_per_token,
-                  " exceeds the number of experts ", cfg.num_experts, " (preset ", p.name,
-                  "): a token cannot pick distinct experts");
-      cases.push_back(c);
+      for (ExpertLayout layout : opt.layouts) {
+        Case c;
+        c.preset = p.name;
+        c.num_tokens = m;
+        c.routing = opt.routing;
+        c.zipf_s = opt.zipf_s;
+        c.seed = opt.seed;
+        AllToAllConfig& cfg = c.cfg;
+        cfg.world_size = world_size;
+        cfg.rank = rank;
+        cfg.dp_size = opt.dp_size;
+        cfg.hidden = opt.hidden.value_or(p.hidden);
+        cfg.num_experts = opt.experts.value_or(p.num_experts);
+        cfg.experts_per_token = opt.topk.value_or(p.topk);
+        cfg.dispatch_dtype = opt.dispatch_dtype.value_or(p.dispatch_dtype);
+        cfg.combine_in_dtype = opt.combine_dtype.value_or(p.combine_dtype);
+        cfg.combine_out_dtype = cfg.combine_in_dtype;
+        EPKIT_CHECK(opt.max_tokens == 0 || opt.max_tokens >= m, "--max-tokens ", opt.max_tokens,
+                    " is below the row's token count ", m, " (preset ", p.name, ")");
+        cfg.max_tokens_per_rank = std::max(m, opt.max_tokens);
+        cfg.capacity = opt.capacity;
+        cfg.layout = layout;
+        cfg.path = opt.portable ? DataPath::kPortable : DataPath::kAuto;
+        cfg.weights_at_dispatch = opt.weights_at_dispatch;
+        cfg.num_sms = opt.num_sms;
+        EPKIT_CHECK(cfg.experts_per_token <= cfg.num_experts, "--topk ", cfg.experts_per_token,
+                    " exceeds the number of experts ", cfg.num_experts, " (preset ", p.name,
+                    "): a token cannot pick distinct experts");
+        cases.push_back(c);
+      }
     }
   }
   return cases;

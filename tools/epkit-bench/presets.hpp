@@ -35,7 +35,8 @@ struct Case {
   uint64_t seed = 1;
 };
 
-// Expands the presets in option order, applying every override. Throws epkit::Error on an unknown
+// Expands the presets in option order, applying every override; each token count gives one row per
+// --layout, in option order. Throws epkit::Error on an unknown
 // preset, K > E, or --max-tokens below a row's token count. Library-level limits (E % W, H % 16, ...)
 // are left to epkit::validate, which the caller runs on every case before measuring anything.
 std::vector<Case> expand_cases(const Options& opt, int world_size, int rank);

@@ -51,7 +51,7 @@ const std::vector<RowField>& row_fields() {
       EPKIT_BENCH_FIELD(preset), EPKIT_BENCH_INT(tokens), EPKIT_BENCH_INT(world_size), EPKIT_BENCH_FIELD(system),
       EPKIT_BENCH_INT(dp_size), EPKIT_BENCH_INT(hidden), EPKIT_BENCH_INT(experts), EPKIT_BENCH_INT(topk),
       EPKIT_BENCH_INT(max_tokens), EPKIT_BENCH_FIELD(dispatch_dtype), EPKIT_BENCH_FIELD(combine_dtype),
-      EPKIT_BENCH_FIELD(routing), EPKIT_BENCH_FIELD(path), EPKIT_BENCH_INT(num_sms), EPKIT_BENCH_INT(p2p_peers),
+      EPKIT_BENCH_FIELD(routing), EPKIT_BENCH_FIELD(path), EPKIT_BENCH_FIELD(layout), EPKIT_BENCH_INT(num_sms), EPKIT_BENCH_INT(p2p_peers),
       EPKIT_BENCH_FIELD(note), EPKIT_BENCH_FIELD(samples),
       EPKIT_BENCH_FIELD(dispatch_us_median), EPKIT_BENCH_FIELD(dispatch_us_p99),
       EPKIT_BENCH_FIELD(combine_us_median), EPKIT_BENCH_FIELD(combine_us_p99),
@@ -202,6 +202,7 @@ void print_table(std::ostream& os, const Report& r) {
        << std::setw(8) << fixed(row.dispatch_pct_of_ceiling, 1) << std::setw(8)
        << fixed(row.combine_pct_of_ceiling, 1) << std::setw(10)
        << fixed(static_cast<double>(row.symmetric_bytes) / (1 << 20), 1);
+    if (row.layout == "packed") os << "  packed";
     if (!row.note.empty()) os << "  " << row.note;
     os << "\n";
   }

@@ -32,6 +32,7 @@ struct Row {
   std::string combine_dtype;
   std::string routing;
   std::string path;             // epkit: "auto" or "portable"; baselines: their method
+  std::string layout;           // epkit: expert layout, "masked" or "packed"; baselines: ""
   int num_sms = 0;
   int p2p_peers = -1;           // epkit: peers reached by direct loads/stores
   std::string note;             // why a number is missing, if one is

@@ -8,6 +8,7 @@
 #include "device.hpp"
 #include "epkit/all_to_all.hpp"
 #include "epkit/error.hpp"
+#include "epkit/layout.hpp"
 #include "timing.hpp"
 
 namespace epkit::bench {
@@ -85,6 +86,7 @@ Row run_epkit(const Communicator& comm, const Case& c, const GroupRouting& mine,
   Row row = make_row_identity(c, "epkit");
   row.path = std::string(cfg.path == DataPath::kPortable ? "portable" : "auto") +
              (cfg.weights_at_dispatch ? "+weights-at-dispatch" : "");
+  row.layout = layout_name(cfg.layout);
 
   AllToAll a2a(comm, cfg);
   row.symmetric_bytes = static_cast<int64_t>(a2a.symmetric_bytes());
@@ -92,7 +94,12 @@ Row run_epkit(const Communicator& comm, const Case& c, const GroupRouting& mine,
   row.p2p_peers = a2a.num_p2p_peers();
 
   const int64_t M = cfg.max_tokens_per_rank, H = cfg.hidden, K = cfg.experts_per_token;
-  const int64_t L = num_local_experts(cfg), cap = effective_capacity(cfg), S = scales_per_token(cfg);
+  const int64_t L = num_local_experts(cfg), rows = expert_rows(cfg), S = scales_per_token(cfg);
+  const bool packed = cfg.layout == ExpertLayout::kPacked;
+  // The expert-major view of a buffer in the config's layout, trailing dim `inner`.
+  auto expert_view = [&](void* p, DType t, int64_t inner) {
+    return packed ? Tensor(p, t, {rows, inner}) : Tensor(p, t, {L, effective_capacity(cfg), inner});
+  };
   const int m = c.num_tokens;
   const DType dd = cfg.dispatch_dtype, cin = cfg.combine_in_dtype, cout = cfg.combine_out_dtype;
   const bool fp8 = has_scales(cfg);
@@ -101,21 +108,22 @@ Row run_epkit(const Communicator& comm, const Case& c, const GroupRouting& mine,
   DeviceBuffer x_scale(fp8 ? M * S * 4 : 0, "x_scale");
   DeviceBuffer topk_idx(M * K * 4, "topk_idx");
   DeviceBuffer topk_w(M * K * 4, "topk_weights");
-  DeviceBuffer expert_x(L * cap * H * dtype_size(dd), "expert_x");
-  DeviceBuffer expert_x_scale(fp8 ? L * cap * S * 4 : 0, "expert_x_scale");
+  DeviceBuffer expert_x(rows * H * dtype_size(dd), "expert_x");
+  DeviceBuffer expert_x_scale(fp8 ? rows * S * 4 : 0, "expert_x_scale");
   DeviceBuffer expert_num(L * 4, "expert_num_tokens");
-  DeviceBuffer expert_y(L * cap * H * dtype_size(cin), "expert_y");
+  DeviceBuffer expert_offsets(packed ? (L + 1) * 4 : 0, "expert_offsets");
+  DeviceBuffer expert_y(rows * H * dtype_size(cin), "expert_y");
   DeviceBuffer out(M * H * dtype_size(cout), "out");
   row.buffer_bytes = static_cast<int64_t>(x.bytes() + x_scale.bytes() + topk_idx.bytes() + topk_w.bytes() +
                                           expert_x.bytes() + expert_x_scale.bytes() + expert_num.bytes() +
-                                          expert_y.bytes() + out.bytes());
+                                          expert_offsets.bytes() + expert_y.bytes() + out.bytes());
 
   // The D ranks of a group must feed identical tokens: the seed depends on the group only.
   const uint64_t group_seed = mix_seed(c.seed, 1000 + static_cast<uint64_t>(cfg.rank / cfg.dp_size));
   fill_random(x.get(), dd, static_cast<size_t>(M * H), group_seed);
   if (fp8) fill_random(x_scale.get(), DType::kFP32, static_cast<size_t>(M * S), group_seed + 1);
   // Expert outputs are whatever the "experts" produced; any finite values do for timing.
-  fill_random(expert_y.get(), cin, static_cast<size_t>(L * cap * H), mix_seed(c.seed, 2000 + cfg.rank));
+  fill_random(expert_y.get(), cin, static_cast<size_t>(rows * H), mix_seed(c.seed, 2000 + cfg.rank));
   std::vector<int32_t> idx(static_cast<size_t>(M * K), -1);
   std::vector<float> w(static_cast<size_t>(M * K), 0.f);
   std::copy(mine.topk_idx.begin(), mine.topk_idx.end(), idx.begin());
@@ -128,11 +136,12 @@ Row run_epkit(const Communicator& comm, const Case& c, const GroupRouting& mine,
   if (fp8) d.x_scale = Tensor(x_scale.get(), DType::kFP32, {M, S});
   d.topk_idx = Tensor(topk_idx.get(), DType::kInt32, {M, K});
   d.num_tokens = m;
-  d.expert_x = Tensor(expert_x.get(), dd, {L, cap, H});
-  if (fp8) d.expert_x_scale = Tensor(expert_x_scale.get(), DType::kFP32, {L, cap, S});
+  d.expert_x = expert_view(expert_x.get(), dd, H);
+  if (fp8) d.expert_x_scale = expert_view(expert_x_scale.get(), DType::kFP32, S);
   d.expert_num_tokens = Tensor(expert_num.get(), DType::kInt32, {L});
+  if (packed) d.expert_offsets = Tensor(expert_offsets.get(), DType::kInt32, {L + 1});
   CombineArgs cb;
-  cb.expert_y = Tensor(expert_y.get(), cin, {L, cap, H});
+  cb.expert_y = expert_view(expert_y.get(), cin, H);
   cb.topk_idx = d.topk_idx;
   // With weights_at_dispatch the weights ride in the dispatch messages and combine takes none.
   (cfg.weights_at_dispatch ? d.topk_weights : cb.topk_weights) = Tensor(topk_w.get(), DType::kFP32, {M, K});
