@@ -1,8 +1,6 @@
-// Host reference of the FP8 block quantizers (epkit/moe/quant.hpp) and the SiLU-mul + quant
-// (epkit/moe/activation.hpp). Shares the kernels' fp32 arithmetic (moe_math.hpp) and converts
+// Host reference of the FP8 block quantizers (epkit/moe/quant.hpp). Shares the kernels' fp32 arithmetic (moe_math.hpp) and converts
 // with the bit-exact host e4m3 of numerics.hpp; built with -ffp-contract=off.
 #include <algorithm>
-#include <vector>
 
 #include "epkit/moe/reference.hpp"
 #include "moe/moe_math.hpp"
@@ -15,9 +13,8 @@ namespace m = moe::math;
 namespace {
 constexpr int kBlock = 128;
 
-// |x| bits of a bf16 / fp32 value: their unsigned order is the order of the magnitudes, NaN above all.
+// |x| bits of a bf16 value: their unsigned order is the order of the magnitudes, NaN above all.
 uint32_t abs_bits16(uint16_t h) { return h & 0x7fffu; }
-uint32_t abs_bits32(float f) { return m::bits(f) & 0x7fffffffu; }
 }  // namespace
 
 float block_scale(float amax, bool ue8m0) { return m::block_scale(amax, ue8m0); }
@@ -57,19 +54,6 @@ void quantize_weights(int n, int k, const uint16_t* w, bool ue8m0, uint8_t* q, f
           q[o] = float_to_e4m3(m::fmul(bf16_to_float(w[o]), inv));
         }
     }
-  }
-}
-
-void silu_mul_quantize_row(int i, const uint16_t* in, bool ue8m0, uint8_t* q, float* scale) {
-  std::vector<float> h(i);
-  for (int j = 0; j < i; ++j) h[j] = m::silu_mul(bf16_to_float(in[j]), bf16_to_float(in[i + j]));
-  for (int b = 0; b < i / kBlock; ++b) {
-    uint32_t a = 0;
-    for (int j = b * kBlock; j < (b + 1) * kBlock; ++j) a = std::max(a, abs_bits32(h[j]));
-    const float s = m::block_scale(m::from_bits(a), ue8m0);
-    const float inv = m::block_inv_scale(s);
-    scale[b] = s;
-    for (int j = b * kBlock; j < (b + 1) * kBlock; ++j) q[j] = float_to_e4m3(m::fmul(h[j], inv));
   }
 }
 
