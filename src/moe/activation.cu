@@ -153,7 +153,7 @@ __device__ __forceinline__ void store_item(const SiluParams& p, const Cursor& at
   if ((lane & 7) == 0) p.scale[it.row * p.nb + x / kScaleBlock] = s;
 }
 
-__global__ void __launch_bounds__(kThreads) silu_mul_quant_kernel(const SiluParams p) {
+__global__ void __launch_bounds__(kThreads, kBlocksPerSm) silu_mul_quant_kernel(const SiluParams p) {
   extern __shared__ int smem[];
   int* start = smem;                      // [L + 1]
   int* base = smem + p.num_experts + 1;   // [L]

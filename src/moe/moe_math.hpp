@@ -74,21 +74,28 @@ EPKIT_HD float from_bits(uint32_t u) {
 
 EPKIT_HD float bf16_bits_to_float(uint32_t h) { return from_bits(h << 16); }
 
+EPKIT_HD float fclamp(float x, float lo, float hi) {  // a NaN x gives lo
+#if defined(__CUDA_ARCH__)
+  return fminf(fmaxf(x, lo), hi);
+#else
+  return std::fmin(std::fmax(x, lo), hi);
+#endif
+}
+
 // e^x to within about one ulp (the polynomial alone is within 0.65 ulp of 2^-23 relative).
 // x = n ln2 + r with |r| <= ln2/2 (Cody-Waite, ln2 in two parts), e^r by a degree-6 polynomial
 // interpolating e^r at the Chebyshev nodes of [-0.3467, 0.3467] (coefficients rounded to fp32), and
 // 2^n put into the exponent field. Results below e^-87 (1.6e-38, the edge of the normal range)
-// are flushed to 0; x > 88.72 gives +inf; NaN stays NaN.
+// are flushed to 0; x > 88.72 gives +inf; NaN stays NaN. Branch-free: the edges are selected after
+// computing on the clamped argument, so that the kernels interleave the elements of a thread.
 EPKIT_HD float exp(float x) {
-  if (x != x) return x;
-  if (x > 88.72f) return from_bits(0x7f800000u);
-  if (x < -87.0f) return 0.0f;
+  const float xc = fclamp(x, -87.0f, 88.72f);
   constexpr float kMagic = 12582912.0f;  // 1.5 * 2^23: x log2(e) + kMagic rounds to an integer (RNE)
-  const float t = ffma(x, 1.44269502f, kMagic);
+  const float t = ffma(xc, 1.44269502f, kMagic);
   const float j = fsub(t, kMagic);
   const uint32_t n = bits(t) - bits(kMagic);  // j as a two's complement integer
-  float r = ffma(j, -0.693145751953125f, x);  // ln2, high 15 bits
-  r = ffma(j, -1.42860677e-06f, r);           // ln2, the rest
+  float r = ffma(j, -0.693145751953125f, xc);  // ln2, high 15 bits
+  r = ffma(j, -1.42860677e-06f, r);            // ln2, the rest
   float p = 1.394113875e-03f;
   p = ffma(p, r, 8.375150152e-03f);
   p = ffma(p, r, 4.166635126e-02f);
@@ -98,7 +105,10 @@ EPKIT_HD float exp(float x) {
   p = ffma(p, r, 1.0f);
   // p in [0.70, 1.42] and n in [-126, 128] with p < 1 when n = 128 and p > 1 when n = -126: the
   // exponent field stays in [1, 254], so adding n to it is exact.
-  return from_bits(bits(p) + (n << 23));
+  float y = from_bits(bits(p) + (n << 23));
+  y = x > 88.72f ? from_bits(0x7f800000u) : y;
+  y = x < -87.0f ? 0.0f : y;
+  return x != x ? x : y;
 }
 
 // 1 / (1 + e^-x).

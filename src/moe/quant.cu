@@ -73,7 +73,7 @@ __device__ __forceinline__ void act_store(const ActQuantParams& p, const Cursor&
   if ((lane & 7) == 0) p.scale[at.row * p.nb + e / kScaleBlock] = s;
 }
 
-__global__ void __launch_bounds__(kActThreads) act_quant_kernel(const ActQuantParams p) {
+__global__ void __launch_bounds__(kActThreads, kActBlocksPerSm) act_quant_kernel(const ActQuantParams p) {
   const int lane = threadIdx.x & 31;
   const int gw = (blockIdx.x * kActThreads + threadIdx.x) >> 5, nw = (gridDim.x * kActThreads) >> 5;
   const int num_tokens = detail::resolve_num_tokens(p.num_tokens, p.num_tokens_device, p.rows, p.error,
