@@ -1,0 +1,63 @@
+// Validation of the router (epkit/moe/router.hpp): pure C++, tested on the CPU.
+#include <cmath>
+
+#include "epkit/error.hpp"
+#include "epkit/moe/router.hpp"
+#include "moe/args_check.hpp"
+
+namespace epkit::moe {
+
+const char* router_mode_name(RouterMode m) {
+  switch (m) {
+    case RouterMode::kSoftmaxTopK: return "softmax_topk";
+    case RouterMode::kGroupedTopK: return "grouped_topk";
+  }
+  return "unknown";
+}
+
+void validate(const RouterConfig& c) {
+  EPKIT_CHECK(c.mode == RouterMode::kSoftmaxTopK || c.mode == RouterMode::kGroupedTopK,
+              "RouterConfig: mode = ", static_cast<int>(c.mode), " is not a RouterMode");
+  const int E = c.num_experts;
+  EPKIT_CHECK(E >= 1 && E <= kMaxRouterExperts, "RouterConfig: num_experts = ", E, " must be in [1, ",
+              kMaxRouterExperts, "]");
+  EPKIT_CHECK(c.topk >= 1 && c.topk <= kMaxTopK, "RouterConfig: topk = ", c.topk, " must be in [1, ", kMaxTopK, "]");
+  EPKIT_CHECK(c.topk <= E, "RouterConfig: topk = ", c.topk, " exceeds num_experts = ", E);
+  EPKIT_CHECK(std::isfinite(c.routed_scaling) && c.routed_scaling > 0.0f, "RouterConfig: routed_scaling = ",
+              c.routed_scaling, " must be finite and > 0");
+  if (c.mode == RouterMode::kSoftmaxTopK) {
+    EPKIT_CHECK(c.num_groups == 1 && c.topk_groups == 1, "RouterConfig: softmax_topk has no expert groups (num_groups = ",
+                c.num_groups, ", topk_groups = ", c.topk_groups, "; both must be 1)");
+    return;
+  }
+  EPKIT_CHECK(c.num_groups >= 1 && c.num_groups <= E, "RouterConfig: num_groups = ", c.num_groups,
+              " must be in [1, num_experts = ", E, "]");
+  EPKIT_CHECK(E % c.num_groups == 0, "RouterConfig: num_groups = ", c.num_groups, " does not divide num_experts = ", E);
+  EPKIT_CHECK(c.topk_groups >= 1 && c.topk_groups <= c.num_groups, "RouterConfig: topk_groups = ", c.topk_groups,
+              " must be in [1, num_groups = ", c.num_groups, "]");
+  const int candidates = c.topk_groups * (E / c.num_groups);
+  EPKIT_CHECK(c.topk <= candidates, "RouterConfig: topk = ", c.topk, " exceeds the ", candidates,
+              " experts of the topk_groups = ", c.topk_groups, " kept groups (", E / c.num_groups, " experts each)");
+  EPKIT_CHECK(c.renormalize, "RouterConfig: grouped_topk always renormalises its weights; renormalize = false is "
+              "not supported");
+}
+
+void check_router_args(const RouterConfig& c, const RouterArgs& a) {
+  validate(c);
+  constexpr const char* call = "route";
+  const int E = c.num_experts, K = c.topk;
+  int64_t rows = detail::check_tensor(call, a.logits, "logits", {DType::kBF16, DType::kFP32}, {-1, E});
+  if (c.mode == RouterMode::kGroupedTopK) {
+    if (detail::given(a.bias)) detail::check_tensor(call, a.bias, "bias", {DType::kFP32}, {E});
+  } else {
+    detail::check_absent(call, a.bias, "bias", "softmax_topk takes no correction bias");
+  }
+  const int64_t ri = detail::check_tensor(call, a.topk_idx, "topk_idx", {DType::kInt32}, {-1, K});
+  const int64_t rw = detail::check_tensor(call, a.topk_weights, "topk_weights", {DType::kFP32}, {-1, K});
+  rows = ri < rows ? ri : rows;
+  rows = rw < rows ? rw : rows;
+  EPKIT_CHECK(rows <= INT32_MAX, call, ": ", rows, " rows exceed the int32 row index");
+  detail::check_token_count(call, a.num_tokens, a.num_tokens_device, rows);
+}
+
+}  // namespace epkit::moe
