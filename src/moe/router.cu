@@ -36,6 +36,7 @@ struct RouterParams {
   float scaling;
   int num_tokens;
   const int32_t* num_tokens_device;
+  int32_t* num_tokens_out;  // or nullptr
   int rows;
   DeviceErrorRecord* error;
 };
@@ -138,6 +139,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) router_kernel(const Route
   const int gwarp = blockIdx.x * kWarpsPerBlock + warp, nwarps = gridDim.x * kWarpsPerBlock;
   const int num_tokens = detail::resolve_num_tokens(p.num_tokens, p.num_tokens_device, p.rows, p.error,
                                                     KernelId::kRouter, blockIdx.x == 0 && threadIdx.x == 0);
+  if (p.num_tokens_out != nullptr && blockIdx.x == 0 && threadIdx.x == 0) *p.num_tokens_out = num_tokens;
   const int E = p.num_experts, K = p.topk, e0 = lane * V;
 
   float bias[V];
@@ -252,7 +254,10 @@ void route(const RouterConfig& c, const RouterArgs& a, cudaStream_t stream) {
   rows = a.topk_idx.shape[0] < rows ? a.topk_idx.shape[0] : rows;
   rows = a.topk_weights.shape[0] < rows ? a.topk_weights.shape[0] : rows;
   const bool on_device = a.num_tokens_device != nullptr;
-  if (!on_device && a.num_tokens == 0) return;
+  if (!on_device && a.num_tokens == 0) {  // nothing to route; the m the later kernels read is still 0
+    if (a.num_tokens_out) EPKIT_CUDA_CHECK(cudaMemsetAsync(a.num_tokens_out, 0, sizeof(int32_t), stream));
+    return;
+  }
 
   const bool grouped = c.mode == RouterMode::kGroupedTopK;
   const bool bf16 = a.logits.dtype == DType::kBF16;
@@ -278,6 +283,7 @@ void route(const RouterConfig& c, const RouterArgs& a, cudaStream_t stream) {
   p.scaling = c.routed_scaling;
   p.num_tokens = a.num_tokens;
   p.num_tokens_device = a.num_tokens_device;
+  p.num_tokens_out = a.num_tokens_out;
   p.rows = static_cast<int>(rows);
   p.error = a.error;
 

@@ -58,6 +58,8 @@ void check_router_args(const RouterConfig& c, const RouterArgs& a) {
   rows = rw < rows ? rw : rows;
   EPKIT_CHECK(rows <= INT32_MAX, call, ": ", rows, " rows exceed the int32 row index");
   detail::check_token_count(call, a.num_tokens, a.num_tokens_device, rows);
+  EPKIT_CHECK(reinterpret_cast<uintptr_t>(a.num_tokens_out) % alignof(int32_t) == 0, call,
+              ": num_tokens_out is not 4-byte aligned");
 }
 
 }  // namespace epkit::moe

@@ -51,6 +51,8 @@ struct RouterArgs {
   Tensor bias;          // [E] fp32: grouped mode's correction bias; absent = 0 (must be absent in softmax mode)
   int num_tokens = -1;  // m on the host (0 <= m <= rows), or -1 with num_tokens_device
   const int32_t* num_tokens_device = nullptr;  // one device int32 holding m (one graph serves any m)
+  int32_t* num_tokens_out = nullptr;  // optional: one device int32 the m this call used is written to
+                                      // (after clamping), so that later kernels read m from the device
   Tensor topk_idx;      // [rows, K] int32 (output): expert indices, best first
   Tensor topk_weights;  // [rows, K] fp32 (output)
   DeviceErrorRecord* error = nullptr;  // a device m outside [0, rows] is clamped and recorded here
