@@ -1,0 +1,128 @@
+// MoELayerConfig: validation and the derived sizes (pure C++, in epkit_core, CPU-tested).
+#include <algorithm>
+#include <initializer_list>
+#include <string>
+
+#include "epkit/error.hpp"
+#include "epkit/layout.hpp"
+#include "epkit/moe_layer.hpp"
+
+namespace epkit {
+
+const char* schedule_name(MoESchedule s) {
+  switch (s) {
+    case MoESchedule::kNone: return "none";
+    case MoESchedule::kDispatchOverlap: return "dispatch_overlap";
+    case MoESchedule::kMicrobatch: return "microbatch";
+  }
+  return "unknown";
+}
+
+MoESchedule parse_schedule(const std::string& n) {
+  if (n == "none") return MoESchedule::kNone;
+  if (n == "dispatch_overlap") return MoESchedule::kDispatchOverlap;
+  if (n == "microbatch") return MoESchedule::kMicrobatch;
+  EPKIT_FAIL("unknown schedule '", n, "' (expected none, dispatch_overlap or microbatch)");
+}
+
+int num_local_experts(const MoELayerConfig& c) { return c.num_experts / c.world_size; }
+int shared_intermediate(const MoELayerConfig& c) { return c.shared_intermediate > 0 ? c.shared_intermediate : c.intermediate; }
+
+moe::RouterConfig router_config(const MoELayerConfig& c) {
+  moe::RouterConfig r;
+  r.mode = c.router_mode;
+  r.num_experts = c.num_experts;
+  r.topk = c.topk;
+  r.num_groups = c.num_groups;
+  r.topk_groups = c.topk_groups;
+  r.renormalize = c.renormalize;
+  r.routed_scaling = c.routed_scaling;
+  return r;
+}
+
+int microbatch_split(const MoELayerConfig& c) {
+  return c.schedule == MoESchedule::kMicrobatch ? (c.max_tokens_per_rank + 1) / 2 : c.max_tokens_per_rank;
+}
+
+AllToAllConfig all_to_all_config(const MoELayerConfig& c, int half_tokens) {
+  AllToAllConfig a;
+  a.world_size = c.world_size;
+  a.rank = c.rank;
+  a.dp_size = c.dp_size;
+  a.num_experts = c.num_experts;
+  a.experts_per_token = c.topk;
+  a.hidden = c.hidden;
+  a.max_tokens_per_rank = half_tokens;
+  a.dispatch_dtype = DType::kFP8E4M3;
+  a.combine_in_dtype = DType::kBF16;
+  a.combine_out_dtype = DType::kBF16;
+  a.layout = c.layout;
+  a.timeout_ms = c.timeout_ms;
+  return a;
+}
+
+void validate(const MoELayerConfig& c) {
+  EPKIT_CHECK(c.hidden > 0 && c.hidden % 128 == 0, "MoELayerConfig.hidden = ", c.hidden,
+              " must be a positive multiple of 128 (FP8 block scales and the grouped GEMM's K)");
+  EPKIT_CHECK(c.intermediate > 0 && c.intermediate % 128 == 0, "MoELayerConfig.intermediate = ", c.intermediate,
+              " must be a positive multiple of 128");
+  EPKIT_CHECK(c.num_shared_experts == 0 || c.num_shared_experts == 1, "MoELayerConfig.num_shared_experts = ",
+              c.num_shared_experts, " must be 0 or 1 (several shared experts are one wider expert: set shared_intermediate)");
+  EPKIT_CHECK(c.shared_intermediate >= 0 && c.shared_intermediate % 128 == 0, "MoELayerConfig.shared_intermediate = ",
+              c.shared_intermediate, " must be 0 (= intermediate) or a positive multiple of 128");
+  EPKIT_CHECK(c.max_tokens_per_rank >= 1, "MoELayerConfig.max_tokens_per_rank = ", c.max_tokens_per_rank, " must be >= 1");
+  EPKIT_CHECK(c.schedule != MoESchedule::kMicrobatch || c.max_tokens_per_rank >= 2,
+              "MoELayerConfig.max_tokens_per_rank = ", c.max_tokens_per_rank, " must be >= 2 with schedule microbatch");
+  EPKIT_CHECK(c.expected_tokens >= 0 && c.expected_tokens <= c.max_tokens_per_rank, "MoELayerConfig.expected_tokens = ",
+              c.expected_tokens, " must be in [0, max_tokens_per_rank = ", c.max_tokens_per_rank, "]");
+  moe::validate(router_config(c));
+  // The dispatch/combine configs of both halves (world size, rank, dp, E % W, K, H, M).
+  // Both halves of kMicrobatch use AllToAll objects of the same config (split tokens each).
+  validate(all_to_all_config(c, microbatch_split(c)));
+}
+
+}  // namespace epkit
+
+namespace epkit {
+
+namespace {
+
+void expect(const Tensor& t, const char* name, DType dt, std::initializer_list<int64_t> dims) {
+  std::string want;
+  for (int64_t d : dims) want += (want.empty() ? "" : ", ") + std::to_string(d);
+  EPKIT_CHECK(t.defined(), "MoELayerWeights.", name, " is missing (", dtype_name(dt), " [", want, "])");
+  EPKIT_CHECK(t.dtype == dt, "MoELayerWeights.", name, " is ", dtype_name(t.dtype), " but must be ", dtype_name(dt));
+  bool same = t.ndim == static_cast<int>(dims.size());
+  int i = 0;
+  for (int64_t d : dims) same = same && t.shape[i++] == d;
+  EPKIT_CHECK(same, "MoELayerWeights.", name, " has shape ", t.shape_str(), " but must be [", want, "]");
+}
+
+int64_t blocks(int64_t n) { return (n + 127) / 128; }
+
+}  // namespace
+
+void check_weights(const MoELayerConfig& c, const MoELayerWeights& w) {
+  const int64_t L = num_local_experts(c), H = c.hidden, I = c.intermediate, Is = shared_intermediate(c), E = c.num_experts;
+  expect(w.w13, "w13", DType::kFP8E4M3, {L, 2 * I, H});
+  expect(w.w13_scale, "w13_scale", DType::kFP32, {L, blocks(2 * I), blocks(H)});
+  expect(w.w2, "w2", DType::kFP8E4M3, {L, H, I});
+  expect(w.w2_scale, "w2_scale", DType::kFP32, {L, blocks(H), blocks(I)});
+  if (c.num_shared_experts > 0) {
+    expect(w.shared_w13, "shared_w13", DType::kFP8E4M3, {2 * Is, H});
+    expect(w.shared_w13_scale, "shared_w13_scale", DType::kFP32, {blocks(2 * Is), blocks(H)});
+    expect(w.shared_w2, "shared_w2", DType::kFP8E4M3, {H, Is});
+    expect(w.shared_w2_scale, "shared_w2_scale", DType::kFP32, {blocks(H), blocks(Is)});
+  } else {
+    EPKIT_CHECK(!w.shared_w13.defined() && !w.shared_w2.defined(),
+                "MoELayerWeights: shared expert weights given but num_shared_experts = 0");
+  }
+  expect(w.gate, "gate", DType::kBF16, {E, H});
+  if (c.router_mode == moe::RouterMode::kGroupedTopK) {
+    if (w.gate_bias.defined()) expect(w.gate_bias, "gate_bias", DType::kFP32, {E});
+  } else {
+    EPKIT_CHECK(!w.gate_bias.defined(), "MoELayerWeights.gate_bias is given but the softmax router takes no bias");
+  }
+}
+
+}  // namespace epkit
