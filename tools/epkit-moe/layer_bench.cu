@@ -1,0 +1,214 @@
+#include "layer_bench.hpp"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <memory>
+
+#include "epkit/communicator.hpp"
+#include "epkit/error.hpp"
+#include "epkit/moe/quant.hpp"
+#include "epkit/moe_layer.hpp"
+#include "stats.hpp"
+
+namespace epkit::moebench {
+
+namespace {
+
+constexpr int kH = 7168, kI = 2048, kTopK = 8;
+std::vector<LayerRow> g_rows;
+
+// Synthetic DeepSeek-V3-shaped weights for E local experts: bf16 random values quantised with the
+// 128x128 quantizer (the path a user with a bf16 checkpoint takes), a bf16 gate and a small bias.
+struct Weights {
+  Buffer w13, w13s, w2, w2s, sw13, sw13s, sw2, sw2s, gate, bias;
+  MoELayerWeights views;
+  size_t expert_bytes = 0, shared_bytes = 0, gate_bytes = 0;  // fp8 + scales (gate: bf16)
+
+  static size_t blocks(size_t n) { return (n + 127) / 128; }
+  // Quantises [G, N, K] bf16 random weights into `q` / `s`, 16 experts at a time.
+  static void make(Buffer& q, Buffer& s, int G, int N, int K, uint64_t seed, cudaStream_t st) {
+    q = Buffer(size_t(G) * N * K);
+    s = Buffer(size_t(G) * blocks(N) * blocks(K) * 4);
+    const int chunk = std::min(G, 16);
+    Buffer tmp(size_t(chunk) * N * K * 2);
+    for (int g0 = 0; g0 < G; g0 += chunk) {
+      const int n = std::min(chunk, G - g0);
+      fill_uniform(tmp.get(), DType::kBF16, size_t(n) * N * K, seed + g0, -0.06f, 0.06f, st);
+      moe::WeightQuantArgs a;
+      a.w = Tensor(tmp.get(), DType::kBF16, {n, N, K});
+      a.out = Tensor(q.as<uint8_t>() + size_t(g0) * N * K, DType::kFP8E4M3, {n, N, K});
+      a.scale_inv = Tensor(s.as<float>() + size_t(g0) * blocks(N) * blocks(K), DType::kFP32,
+                           {n, static_cast<int64_t>(blocks(N)), static_cast<int64_t>(blocks(K))});
+      moe::quantize_weights(a, st);
+    }
+    cuda_check(cudaStreamSynchronize(st), "weight quantization");
+  }
+
+  Weights(int E, cudaStream_t st) {
+    make(w13, w13s, E, 2 * kI, kH, 1000, st);
+    make(w2, w2s, E, kH, kI, 2000, st);
+    make(sw13, sw13s, 1, 2 * kI, kH, 3000, st);
+    make(sw2, sw2s, 1, kH, kI, 4000, st);
+    gate = Buffer(size_t(E) * kH * 2);
+    bias = Buffer(size_t(E) * 4);
+    fill_uniform(gate.get(), DType::kBF16, size_t(E) * kH, 5000, -0.02f, 0.02f, st);
+    fill_uniform(bias.get(), DType::kFP32, E, 6000, -0.05f, 0.05f, st);
+    cuda_check(cudaStreamSynchronize(st), "gate weights");
+    const int64_t b2I = blocks(2 * kI), bH = blocks(kH), bI = blocks(kI);
+    views.w13 = Tensor(w13.get(), DType::kFP8E4M3, {E, 2 * kI, kH});
+    views.w13_scale = Tensor(w13s.get(), DType::kFP32, {E, b2I, bH});
+    views.w2 = Tensor(w2.get(), DType::kFP8E4M3, {E, kH, kI});
+    views.w2_scale = Tensor(w2s.get(), DType::kFP32, {E, bH, bI});
+    views.shared_w13 = Tensor(sw13.get(), DType::kFP8E4M3, {2 * kI, kH});
+    views.shared_w13_scale = Tensor(sw13s.get(), DType::kFP32, {b2I, bH});
+    views.shared_w2 = Tensor(sw2.get(), DType::kFP8E4M3, {kH, kI});
+    views.shared_w2_scale = Tensor(sw2s.get(), DType::kFP32, {bH, bI});
+    views.gate = Tensor(gate.get(), DType::kBF16, {E, kH});
+    views.gate_bias = Tensor(bias.get(), DType::kFP32, {E});
+    expert_bytes = size_t(3) * kI * kH + (b2I * bH + bH * bI) * 4;
+    shared_bytes = expert_bytes;
+    gate_bytes = size_t(E) * kH * 2;
+  }
+};
+
+MoELayerConfig deepseek_config(int E, int max_tokens, MoESchedule sched, ExpertLayout layout) {
+  MoELayerConfig c;
+  c.hidden = kH, c.intermediate = kI, c.num_experts = E, c.topk = kTopK;
+  c.router_mode = moe::RouterMode::kGroupedTopK;
+  c.num_groups = 8, c.topk_groups = 4, c.routed_scaling = 2.5f;
+  c.num_shared_experts = 1, c.shared_intermediate = kI;
+  c.world_size = 1, c.rank = 0, c.dp_size = 1;
+  c.max_tokens_per_rank = max_tokens;
+  c.schedule = sched;
+  c.layout = layout;
+  return c;
+}
+
+// One forward, event-timed from the host (launches included), median over `n`.
+Timing time_forward(MoELayer& layer, const MoEBatch& b, cudaStream_t s, int n) {
+  cudaEvent_t a, e;
+  cuda_check(cudaEventCreate(&a), "event");
+  cuda_check(cudaEventCreate(&e), "event");
+  std::vector<double> us;
+  for (int i = -3; i < n; ++i) {
+    cuda_check(cudaStreamSynchronize(s), "sync");
+    cuda_check(cudaEventRecord(a, s), "event");
+    layer.forward(b, s);
+    cuda_check(cudaEventRecord(e, s), "event");
+    cuda_check(cudaEventSynchronize(e), "forward");
+    float ms = 0;
+    cuda_check(cudaEventElapsedTime(&ms, a, e), "elapsed");
+    if (i >= 0) us.push_back(1000.0 * ms);
+  }
+  cudaEventDestroy(a), cudaEventDestroy(e);
+  const bench::Summary sm = bench::summarize(us);
+  return Timing{sm.median, sm.p99, sm.min, 1, n};
+}
+
+}  // namespace
+
+const std::vector<LayerRow>& last_layer_rows() { return g_rows; }
+
+std::vector<Row> bench_layer(const Options& o, const Ceilings& c, const L2Flush& f, cudaStream_t s) {
+  g_rows.clear();
+  Communicator comm = Communicator::from_unique_id(0, 1, make_unique_id());
+  const int max_b = *std::max_element(o.batches.begin(), o.batches.end());
+  const int max_q = *std::max_element(o.query_lens.begin(), o.query_lens.end());
+  const int M = std::max(2, max_b * max_q);
+  Buffer x(size_t(M) * kH * 2), out(size_t(M) * kH * 2), mdev(4);
+  fill_uniform(x.get(), DType::kBF16, size_t(M) * kH, 77, -1.f, 1.f, s);
+  for (int E : o.experts) {
+    std::printf("== MoE layer, W = 1, E = %d (DeepSeek-V3 shapes, one shared expert), M = %d\n", E, M);
+    const Weights w(E, s);
+    struct Variant { MoESchedule sched; ExpertLayout layout; };
+    std::vector<Variant> variants;
+    for (const std::string& sn : o.schedules) variants.push_back({parse_schedule(sn), ExpertLayout::kMasked});
+    variants.push_back({MoESchedule::kNone, ExpertLayout::kPacked});
+    for (const Variant& v : variants) {
+      MoELayer layer(comm, deepseek_config(E, M, v.sched, v.layout), w.views);
+      for (int q : o.query_lens) {
+        for (int b : o.batches) {
+          const int T = b * q;
+          if (v.sched == MoESchedule::kMicrobatch && T < 2) continue;
+          LayerRow r;
+          r.schedule = schedule_name(v.sched), r.layout = layout_name(v.layout);
+          r.world_size = 1, r.experts = E, r.batch = b, r.query_len = q, r.tokens = T;
+          MoEBatch batch;
+          batch.x = Tensor(x.get(), DType::kBF16, {T, kH});
+          batch.out = Tensor(out.get(), DType::kBF16, {T, kH});
+          batch.num_tokens = T;
+          const Timing ev = time_forward(layer, batch, s, 30);
+          layer.check();
+          r.us_median = ev.us_median, r.us_p99 = ev.us_p99;
+          int calls = 0, replays = 0;
+          pick_repeats(r.us_median, calls, replays);
+          const Timing g = time_graph(s, f, calls, replays, [&](int, cudaStream_t st) { layer.forward(batch, st); });
+          r.graph_us_median = g.us_median, r.graph_us_p99 = g.us_p99;
+          // The experts with tokens (the weights a forward must read), from the last forward.
+          int touched = 0;
+          for (int n : layer.expert_counts(0)) touched += n > 0;
+          if (v.sched == MoESchedule::kMicrobatch)
+            for (int n : layer.expert_counts(1)) touched += 0 * n;  // the weights are read once per half: see note
+          r.weight_bytes_touched = static_cast<double>(touched) * w.expert_bytes + w.shared_bytes + w.gate_bytes;
+          r.weight_bound_us = r.weight_bytes_touched / (c.hbm_read_GBps * 1e3);
+          // Breakdown: every kernel of the layer alone, in a graph, with this forward's arguments.
+          if (v.sched == MoESchedule::kNone) {
+            layer.forward(batch, s);
+            const std::vector<MoELayer::Step> steps = layer.steps();
+            for (size_t i = 0; i < steps.size(); ++i) {
+              int sc = 0, sr = 0;
+              pick_repeats(r.us_median / 4, sc, sr);
+              if (steps[i].pair && i + 1 < steps.size()) {
+                const PartsTiming pt = time_graph_parts(s, f, sc, sr, {steps[i].run, steps[i + 1].run});
+                r.steps.push_back({steps[i].name, pt.part_us_median[0]});
+                r.steps.push_back({steps[i + 1].name, pt.part_us_median[1]});
+                ++i;
+              } else {
+                const Timing t = time_graph(s, f, sc, sr, [&](int, cudaStream_t st) { steps[i].run(st); });
+                r.steps.push_back({steps[i].name, t.us_median});
+              }
+            }
+            for (const LayerStep& st : r.steps) r.steps_us_sum += st.us_median;
+            r.graph_over_steps = r.graph_us_median / r.steps_us_sum;
+          }
+          layer.check();
+          std::printf("  %-16s %-6s E=%-3d batch=%-4d q=%d: forward %8.1f us, graph %8.1f us, kernels %8.1f us "
+                      "(x%.2f), weights at HBM %8.1f us (%d experts touched)\n",
+                      r.schedule.c_str(), r.layout.c_str(), E, b, q, r.us_median, r.graph_us_median, r.steps_us_sum,
+                      r.graph_over_steps, r.weight_bound_us, touched);
+          std::fflush(stdout);
+          g_rows.push_back(r);
+        }
+      }
+      // One graph for every m through the device count: captured at the largest bucket (M rows),
+      // replayed with m set on the device (issue #14: one graph per bucket, or one for all sizes).
+      if (v.layout == ExpertLayout::kMasked) {
+        MoEBatch batch;
+        batch.x = Tensor(x.get(), DType::kBF16, {M, kH});
+        batch.out = Tensor(out.get(), DType::kBF16, {M, kH});
+        batch.num_tokens_device = mdev.as<int32_t>();
+        for (int q : o.query_lens)
+          for (int b : o.batches) {
+            const int T = b * q;
+            if (v.sched == MoESchedule::kMicrobatch && T < 2) continue;
+            cuda_check(cudaMemcpyAsync(mdev.get(), &T, 4, cudaMemcpyHostToDevice, s), "m");
+            cuda_check(cudaStreamSynchronize(s), "m");
+            int calls = 0, replays = 0;
+            pick_repeats(200, calls, replays);
+            const Timing g = time_graph(s, f, calls, replays, [&](int, cudaStream_t st) { layer.forward(batch, st); });
+            layer.check();
+            for (LayerRow& r : g_rows)
+              if (r.experts == E && r.batch == b && r.query_len == q && r.schedule == schedule_name(v.sched) &&
+                  r.layout == layout_name(v.layout))
+                r.note = "one graph for all m (device count, " + std::to_string(M) + "-row bucket): " +
+                         std::to_string(g.us_median) + " us";
+          }
+      }
+    }
+  }
+  return {};
+}
+
+}  // namespace epkit::moebench
