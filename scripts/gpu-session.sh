@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# One device call on a lent GPU machine: build there, then run the named phases in order, each under
+# its own time limit, writing every log into LOGDIR and a one-line status per phase to
+# LOGDIR/summary.txt (printed at the end). Phases:
+#   build        setup-deps (offline: carry .deps/wheels and .deps/googletest) + configure + build
+#   cpu          ctest -L cpu
+#   moe-tests    the MoE kernel GPU tests (tests/moe)
+#   layer-tests  the MoELayer GPU tests (tests/layer), W = 1, 2, 4
+#   gpu-suite    ctest -L gpu (what `make test` runs), with per-test times
+#   python       the Python suite
+#   stress       ctest -L stress
+#   moe-bench    epkit-moe kernels (full grid) + the torch baselines into bench/results/moe-h200-latest.json
+#   moe-quick    epkit-moe kernels --quick
+#   layer-bench  epkit-moe layer into bench/results/moe-layer-h200-latest.json
+#   comm-w1      epkit-bench at W = 1, both layouts, into bench/results/h200-w1-latest.json
+# Usage: scripts/gpu-session.sh LOGDIR PHASE... ; env BUILD (default build-gpu), PHASE_TIMEOUT (s).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+LOG=${1:?usage: scripts/gpu-session.sh LOGDIR PHASE...}
+shift
+mkdir -p "$LOG"
+export NVSHMEM_DISABLE_NVLS=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1
+BUILD=${BUILD:-build-gpu}
+SUMMARY="$LOG/summary.txt"
+: > "$SUMMARY"
+mkdir -p bench/results
+
+phase() {  # phase NAME TIMEOUT COMMAND...
+  local name=$1 limit=$2; shift 2
+  local t0=$(date +%s)
+  echo "=== $name (limit ${limit}s)"
+  timeout --kill-after=10 "$limit" bash -c "$*" > "$LOG/$name.log" 2>&1
+  local rc=$? t=$(( $(date +%s) - t0 ))
+  printf '%-12s rc=%-3s %4ss\n' "$name" "$rc" "$t" | tee -a "$SUMMARY"
+  tail -n "${TAIL:-15}" "$LOG/$name.log"
+  return 0
+}
+
+for p in "$@"; do
+  case "$p" in
+    build)
+      { date -u; nvidia-smi; } > "$LOG/machine.txt" 2>&1
+      phase build "${PHASE_TIMEOUT:-420}" "bash scripts/setup-deps.sh && \
+        cmake -S . -B $BUILD -G Ninja -DCMAKE_BUILD_TYPE=Release \$(python3 -c 'import nanobind' >/dev/null 2>&1 && echo -DEPKIT_BUILD_PYTHON=ON) && \
+        time cmake --build $BUILD -j \$(nproc)" ;;
+    cpu) phase cpu 120 "cd $BUILD && ctest -L cpu --output-on-failure" ;;
+    moe-tests) phase moe-tests "${PHASE_TIMEOUT:-300}" "cd $BUILD && ctest -R '^moe_test_' -L gpu --output-on-failure --timeout 240" ;;
+    layer-tests) phase layer-tests "${PHASE_TIMEOUT:-420}" "cd $BUILD && ctest -R '^test_moe_layer' -L gpu --output-on-failure --timeout 300" ;;
+    gpu-suite) phase gpu-suite "${PHASE_TIMEOUT:-540}" "cd $BUILD && time ctest -L gpu --output-on-failure --timeout 300" ;;
+    python) phase python "${PHASE_TIMEOUT:-300}" "time bash scripts/run-python-tests.sh $BUILD" ;;
+    stress) phase stress "${PHASE_TIMEOUT:-560}" "cd $BUILD && time ctest -L stress --output-on-failure" ;;
+    moe-quick) phase moe-quick "${PHASE_TIMEOUT:-300}" "$BUILD/bin/epkit-moe kernels --quick --groups 16,32 --m 8,32,64,1024 --json $LOG/moe-quick.json" ;;
+    moe-bench) phase moe-bench "${PHASE_TIMEOUT:-540}" "$BUILD/bin/epkit-moe kernels --json bench/results/moe-h200-latest.json && \
+        python3 tools/epkit-moe/torch_baselines.py bench/results/moe-h200-latest.json && cp bench/results/moe-h200-latest.json $LOG/" ;;
+    layer-bench) phase layer-bench "${PHASE_TIMEOUT:-540}" "$BUILD/bin/epkit-moe layer --json bench/results/moe-layer-h200-latest.json && \
+        cp bench/results/moe-layer-h200-latest.json $LOG/" ;;
+    comm-w1) phase comm-w1 "${PHASE_TIMEOUT:-300}" "$BUILD/bin/epkit-run -n 1 -- $BUILD/bin/epkit-bench --preset decode,decode-v2lite,prefill --layout masked,packed --json bench/results/h200-w1-latest.json && \
+        cp bench/results/h200-w1-latest.json $LOG/" ;;
+    *) echo "unknown phase $p" | tee -a "$SUMMARY" ;;
+  esac
+done
+echo "=== summary"
+cat "$SUMMARY"
