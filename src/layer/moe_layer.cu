@@ -400,7 +400,7 @@ void MoELayer::Impl::gemm2_step(Half& hf, cudaStream_t s) {
 void MoELayer::Impl::shared(Half& hf, cudaStream_t s) {
   if (cfg.num_shared_experts == 0) return;
   const int Is = shared_intermediate(cfg), H = cfg.hidden;
-  const int64_t rows = hf.x.shape[0];
+  const int64_t rows = hf.rows;  // the layer's buffers (the GEMM objects' shape), not this call's rows of x
   const Tensor cnt(hf.m_used, DType::kInt32, {1});
   auto w1 = [](const Tensor& t) {  // a one-expert view of a 2-D weight
     Tensor v = t;
