@@ -56,27 +56,30 @@ def _is_compiling() -> bool:
 def _define():
     lib_op = torch.library.custom_op
 
+    # No argument may be called `mode`: auto_functionalized (what inductor wraps mutating ops in)
+    # takes a keyword of that name, and fullgraph compilation then fails with "got multiple values
+    # for argument 'mode'" (seen with torch 2.11). `halves` is 0 (both), 1 (send) or 2 (recv).
     @lib_op("epkit::dispatch", mutates_args=("expert_x", "expert_x_scale", "expert_num_tokens", "expert_offsets"))
-    def dispatch_op(handle: int, mode: int, x: Optional[torch.Tensor], x_scale: Optional[torch.Tensor],
+    def dispatch_op(handle: int, halves: int, x: Optional[torch.Tensor], x_scale: Optional[torch.Tensor],
                     topk_idx: torch.Tensor, num_tokens: int, num_tokens_device: Optional[torch.Tensor],
                     expert_x: torch.Tensor, expert_x_scale: Optional[torch.Tensor], expert_num_tokens: torch.Tensor,
                     expert_offsets: Optional[torch.Tensor], topk_weights: Optional[torch.Tensor]) -> None:
-        _get(handle)._dispatch_now(mode, x, x_scale, topk_idx, num_tokens, num_tokens_device, expert_x,
+        _get(handle)._dispatch_now(halves, x, x_scale, topk_idx, num_tokens, num_tokens_device, expert_x,
                                    expert_x_scale, expert_num_tokens, expert_offsets, topk_weights)
 
     @dispatch_op.register_fake
-    def _(handle, mode, x, x_scale, topk_idx, num_tokens, num_tokens_device, expert_x, expert_x_scale,
+    def _(handle, halves, x, x_scale, topk_idx, num_tokens, num_tokens_device, expert_x, expert_x_scale,
           expert_num_tokens, expert_offsets, topk_weights):
         return None
 
     @lib_op("epkit::combine", mutates_args=("out",))
-    def combine_op(handle: int, mode: int, expert_y: Optional[torch.Tensor], topk_idx: torch.Tensor,
+    def combine_op(handle: int, halves: int, expert_y: Optional[torch.Tensor], topk_idx: torch.Tensor,
                    topk_weights: Optional[torch.Tensor], num_tokens: int, num_tokens_device: Optional[torch.Tensor],
                    out: torch.Tensor) -> None:
-        _get(handle)._combine_now(mode, expert_y, topk_idx, topk_weights, num_tokens, num_tokens_device, out)
+        _get(handle)._combine_now(halves, expert_y, topk_idx, topk_weights, num_tokens, num_tokens_device, out)
 
     @combine_op.register_fake
-    def _(handle, mode, expert_y, topk_idx, topk_weights, num_tokens, num_tokens_device, out):
+    def _(handle, halves, expert_y, topk_idx, topk_weights, num_tokens, num_tokens_device, out):
         return None
 
     # The registered overloads: what Dynamo records in the graph.
