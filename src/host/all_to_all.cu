@@ -3,6 +3,7 @@
 #include <nvshmem.h>
 #include <nvshmemx.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <sstream>
 #include <vector>
@@ -40,6 +41,14 @@ const char* wait_name(int w) {
                             "the combine partial", "the combine-entry barrier flag",
                             "an earlier block's histogram (same rank)"};
   return w >= 0 && w < 7 ? n[w] : "?";
+}
+
+// EPKIT_LOCAL_KERNELS=0: world size 1 runs the general (multi-rank) kernels instead of the local
+// ones, so that their fixed costs can be measured and A/B'd on one GPU. Any other value, or none:
+// the local kernels.
+bool local_kernels_enabled() {
+  const char* e = std::getenv("EPKIT_LOCAL_KERNELS");
+  return !(e && std::strcmp(e, "0") == 0);
 }
 
 }  // namespace
@@ -253,7 +262,7 @@ AllToAll::AllToAll(const Communicator& comm, const AllToAllConfig& cfg_in) : imp
   I.combine_shape = {
       blocks_for(kernels::combine_units(p.world_size, p.max_msgs_per_src, p.max_tokens, p.combine_slices)),
       kernels::combine_smem_bytes(cfg.world_size)};
-  I.local = cfg.world_size == 1;
+  I.local = cfg.world_size == 1 && local_kernels_enabled();
   if (I.local) {
     // Small objects: one warp per (token, 2 KB slice) of the largest call, every block counting all
     // tokens. Large ones: every SM, each block counting its own chunk.
