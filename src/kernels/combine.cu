@@ -369,9 +369,12 @@ __device__ void finish_layer(const CommParams& p, uint64_t seq, const LayerTail&
   }
 }
 
+// __grid_constant__: the cold paths take p by reference; without it every thread keeps a stack
+// copy of it (docs/ARCHITECTURE.md, kernel code conventions).
 template <typename Tin, typename Tout, bool kLarge>
 __global__ void __launch_bounds__(kThreads, 1)
-    combine_kernel(const CommParams p, const CombineIO io, bool do_send, bool do_recv) {
+    combine_kernel(const __grid_constant__ CommParams p, const __grid_constant__ CombineIO io, bool do_send,
+                   bool do_recv) {
   extern __shared__ int smem[];
   const uint64_t seq = *reinterpret_cast<volatile uint64_t*>(&p.state->seq) + 1;
   LayerTail tail;

@@ -517,9 +517,12 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
   }
 }
 
+// __grid_constant__: the cold paths take p by reference; without it every thread keeps a stack
+// copy of it (docs/ARCHITECTURE.md, kernel code conventions).
 template <bool kLarge>
 __global__ void __launch_bounds__(kThreads, 1)
-    dispatch_kernel(const CommParams p, const DispatchIO io, bool do_send, bool do_recv) {
+    dispatch_kernel(const __grid_constant__ CommParams p, const __grid_constant__ DispatchIO io, bool do_send,
+                    bool do_recv) {
   extern __shared__ int smem[];
   const uint64_t seq = *reinterpret_cast<volatile uint64_t*>(&p.state->seq) + 1;
   const bool direct_self = do_send && dispatch_send<kLarge>(p, io, seq, smem, do_recv);
