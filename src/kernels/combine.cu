@@ -376,6 +376,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     combine_kernel(const __grid_constant__ CommParams p, const __grid_constant__ CombineIO io, bool do_send,
                    bool do_recv) {
   extern __shared__ int smem[];
+  wait_previous_kernel();
   const uint64_t seq = *reinterpret_cast<volatile uint64_t*>(&p.state->seq) + 1;
   LayerTail tail;
   if (do_recv) tail.load(p);
@@ -396,8 +397,7 @@ cudaError_t launch_typed(const CommParams& p, const CombineIO& io, bool s, bool 
                                          static_cast<int>(sh.smem_bytes));
     if (e != cudaSuccess) return e;
   }
-  kernel<<<sh.blocks, kThreads, sh.smem_bytes, st>>>(p, io, s, r);
-  return cudaGetLastError();
+  return launch_after_previous(kernel, sh, st, p, io, s, r);
 }
 
 template <typename Tout>

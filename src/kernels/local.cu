@@ -368,6 +368,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     local_dispatch_kernel(const __grid_constant__ CommParams p, const __grid_constant__ DispatchIO io, bool do_send,
                           bool do_recv) {
   extern __shared__ int smem[];
+  wait_previous_kernel();
   if (do_send) {
     local_dispatch_send<kLarge>(p, io, smem, do_recv);
   } else {
@@ -440,6 +441,7 @@ template <typename Tin, typename Tout, bool kLarge>
 __global__ void __launch_bounds__(kThreads, 1)
     local_combine_kernel(const __grid_constant__ CommParams p, const __grid_constant__ CombineIO io, bool do_send,
                          bool do_recv) {
+  wait_previous_kernel();
   EPKIT_STAGE(p, kStCombineStart);
   // Reported by dispatch only: one bad m is one error, not one per kernel of the layer.
   const int m = resolve_num_tokens(p, io.m, do_send ? kPhaseCombineSend : kPhaseCombineRecv, 0, false);
@@ -461,8 +463,7 @@ template <typename Tin, typename Tout>
 cudaError_t launch_local_typed(const CommParams& p, const CombineIO& io, bool s, bool r, const LaunchShape& sh,
                                cudaStream_t st) {
   auto kernel = local_large(p) ? local_combine_kernel<Tin, Tout, true> : local_combine_kernel<Tin, Tout, false>;
-  kernel<<<sh.blocks, kThreads, 0, st>>>(p, io, s, r);
-  return cudaGetLastError();
+  return launch_after_previous(kernel, sh, st, p, io, s, r);
 }
 
 template <typename Tout>
@@ -496,8 +497,7 @@ cudaError_t launch_local_dispatch(const CommParams& p, const DispatchIO& io, boo
                                          static_cast<int>(shape.smem_bytes));
     if (e != cudaSuccess) return e;
   }
-  kernel<<<shape.blocks, kThreads, shape.smem_bytes, stream>>>(p, io, do_send, do_recv);
-  return cudaGetLastError();
+  return launch_after_previous(kernel, shape, stream, p, io, do_send, do_recv);
 }
 
 cudaError_t launch_local_combine(const CommParams& p, const CombineIO& io, DType in, DType out, bool do_send,
