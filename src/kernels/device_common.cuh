@@ -65,8 +65,10 @@ __device__ __forceinline__ void st16(void* p, int4 v) { *reinterpret_cast<int4*>
 // launched that way), and it then lets the next such kernel be scheduled. Nothing is read or
 // written before the wait, so the only overlap is the launch and block scheduling.
 __device__ __forceinline__ void wait_previous_kernel() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900  // older GPUs serialise the launches anyway
   asm volatile("griddepcontrol.wait;" ::: "memory");
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
 }
 
 // kernel<<<shape.blocks, kThreads, shape.smem_bytes, stream>>>(args...), allowed to be scheduled
