@@ -148,7 +148,8 @@ __device__ void local_dispatch_send(const CommParams& p, const DispatchIO& io, i
     }
 #pragma unroll
     for (int i = 0; i < kScaleRegs; ++i)
-      if (sl == 0 && i * kWarpSize + lane < ns) pre_sc[i] = __ldg(io.x_scale + static_cast<size_t>(t) * ns + i * kWarpSize + lane);
+      if (sl == 0 && i * kWarpSize + lane < ns)
+        pre_sc[i] = __ldg(io.x_scale + static_cast<size_t>(t) * ns + i * kWarpSize + lane);
   }
 
   // Histogram, lanes in groups of G >= K (a power of two): lane k of a group reads entry k of one
@@ -344,7 +345,8 @@ __device__ void local_dispatch_recv(const CommParams& p, const DispatchIO& io, i
     float sc[kScaleRegs];
     const float* ms = reinterpret_cast<const float*>(msg + p.header_bytes);
 #pragma unroll
-    for (int i = 0; i < kScaleRegs; ++i) sc[i] = sl == 0 && i * kWarpSize + lane < ns ? __ldcg(ms + i * kWarpSize + lane) : 0.f;
+    for (int i = 0; i < kScaleRegs; ++i)
+      sc[i] = sl == 0 && i * kWarpSize + lane < ns ? __ldcg(ms + i * kWarpSize + lane) : 0.f;
     const int32_t* hdr = reinterpret_cast<const int32_t*>(msg);
     int row = -1;
     if (lane < K) {
