@@ -44,9 +44,13 @@ case "$cmd" in
     trees=()
     for t in .ab/*/; do trees+=("$(basename "$t")"); done
     # The archived trees have no .deps: use this checkout's NVSHMEM unless NVSHMEM_HOME says otherwise
-    # (else each tree finds python3's nvidia.nvshmem, as on the GPU box).
+    # (else each tree finds python3's nvidia.nvshmem, as on the GPU box). Run scripts/setup-deps.sh first.
     NV=()
     if [ -z "${NVSHMEM_HOME:-}" ] && [ -f .deps/nvshmem/include/nvshmem.h ]; then NV=(-DNVSHMEM_HOME="$PWD/.deps/nvshmem"); fi
+    # Likewise the CUTLASS headers (trees from 5541c3e on configure src/moe, which needs them).
+    if [ -z "${CUTLASS_HOME:-}" ] && [ -f .deps/cutlass/include/cutlass/cutlass.h ]; then
+      NV+=(-DCUTLASS_HOME="$(cd .deps/cutlass && pwd -P)")
+    fi
     pids=()
     jobs=$(( $(nproc) / ${#trees[@]} )); [ "$jobs" -ge 1 ] || jobs=1
     for t in "${trees[@]}"; do

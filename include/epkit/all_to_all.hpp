@@ -75,6 +75,10 @@ class AllToAll {
   // (capacity or packed-rows overflow, expert index >= E, device m > M) are raised after combine/combine_recv has
   // launched, or by check(), so that every rank always launches whole layers.
   // Calls must come in the order dispatch_send, dispatch_recv, combine_send, combine_recv per layer.
+  // Each call's kernel may start before the previous kernel in the stream ends (programmatic
+  // dependent launch) but touches no memory until that kernel has finished, and it lets the next
+  // kernel start early: a kernel launched after a call with programmatic stream serialization must
+  // call cudaGridDependencySynchronize() before reading the call's outputs (plain launches need nothing).
   void dispatch_send(const DispatchArgs& a, cudaStream_t stream);
   void dispatch_recv(const DispatchArgs& a, cudaStream_t stream);
   void dispatch(const DispatchArgs& a, cudaStream_t stream);  // both halves, one kernel

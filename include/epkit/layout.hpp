@@ -74,6 +74,7 @@ struct WorkspaceLayout {
   size_t block_hist = 0;   // [kMaxGridBlocks][hist_stride] int32: one dispatch block's own-chunk counts
                            // per expert, then per destination rank (large calls' look-back histogram)
   size_t block_flag = 0;   // [kMaxGridBlocks] uint64: seq of the call whose row is written
+  size_t local_counts = 0; // [E] int32, world size 1 only: per-expert counts of the local dispatch
   size_t total_bytes = 0;
 
   static WorkspaceLayout make(const AllToAllConfig& cfg);

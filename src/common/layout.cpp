@@ -70,6 +70,7 @@ WorkspaceLayout WorkspaceLayout::make(const AllToAllConfig& c) {
   w.hist_stride = align_up(static_cast<size_t>(c.num_experts) + W, 4);
   w.block_hist = cv.take(kMaxGridBlocks * w.hist_stride * sizeof(int32_t));
   w.block_flag = cv.take(kMaxGridBlocks * sizeof(uint64_t));
+  w.local_counts = cv.take(W == 1 ? static_cast<size_t>(c.num_experts) * sizeof(int32_t) : 0);
   w.total_bytes = cv.cursor;
   return w;
 }

@@ -3,6 +3,7 @@
 #include <nvshmem.h>
 #include <nvshmemx.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <sstream>
 #include <vector>
@@ -42,6 +43,14 @@ const char* wait_name(int w) {
   return w >= 0 && w < 7 ? n[w] : "?";
 }
 
+// EPKIT_LOCAL_KERNELS=0: world size 1 runs the general (multi-rank) kernels instead of the local
+// ones, so that their fixed costs can be measured and A/B'd on one GPU. Any other value, or none:
+// the local kernels.
+bool local_kernels_enabled() {
+  const char* e = std::getenv("EPKIT_LOCAL_KERNELS");
+  return !(e && std::strcmp(e, "0") == 0);
+}
+
 }  // namespace
 
 struct AllToAll::Impl {
@@ -54,6 +63,8 @@ struct AllToAll::Impl {
   ErrorRecord* err_dev = nullptr;
   CommParams params{};
   kernels::LaunchShape dispatch_shape{}, combine_shape{};
+  // World size 1: every call takes the local kernels (local.cu), which need no peer.
+  bool local = false;
   int p2p_peers = 0;
   Next next = Next::kDispatchSend;
   host::LayerDTypes layer{};  // the dtypes the send halves of the layer in flight took from their tensors
@@ -233,6 +244,7 @@ AllToAll::AllToAll(const Communicator& comm, const AllToAllConfig& cfg_in) : imp
   p.block_flag = reinterpret_cast<uint64_t*>(I.ws + w.block_flag);
   p.hist_stride = static_cast<int>(w.hist_stride);
   p.err = I.err_dev;
+  p.local_counts = reinterpret_cast<int32_t*>(I.ws + w.local_counts);
 
   int dev = 0, sms = 0;
   EPKIT_CUDA_CHECK(cudaGetDevice(&dev));
@@ -250,6 +262,15 @@ AllToAll::AllToAll(const Communicator& comm, const AllToAllConfig& cfg_in) : imp
   I.combine_shape = {
       blocks_for(kernels::combine_units(p.world_size, p.max_msgs_per_src, p.max_tokens, p.combine_slices)),
       kernels::combine_smem_bytes(cfg.world_size)};
+  I.local = cfg.world_size == 1 && local_kernels_enabled();
+  if (I.local) {
+    // Small objects: one warp per (token, 2 KB slice) of the largest call, every block counting all
+    // tokens. Large ones: every SM, each block counting its own chunk.
+    const bool large = kernels::local_large(p);
+    I.dispatch_shape = {large ? max_blocks : blocks_for(p.max_tokens * p.dispatch_slices),
+                        kernels::local_dispatch_smem_bytes(cfg.num_experts, cfg.experts_per_token)};
+    I.combine_shape = {blocks_for(kernels::local_combine_units(p.max_tokens, cfg.hidden, large)), 0};
+  }
   EPKIT_CUDA_CHECK(cudaDeviceSynchronize());
   comm.barrier();  // every rank's buffers are zeroed before any peer writes into them
 }
@@ -282,7 +303,9 @@ std::vector<std::pair<std::string, uint64_t>> AllToAll::stage_timestamps() const
   kernels::DeviceState st;
   EPKIT_CUDA_CHECK(cudaDeviceSynchronize());
   EPKIT_CUDA_CHECK(cudaMemcpy(&st, impl_->params.state, sizeof(st), cudaMemcpyDeviceToHost));
-  for (int s = 0; s < kernels::kNumStages; ++s) out.emplace_back(kernels::stage_name(s), st.stage_ns[s]);
+  // The world-size-1 kernels stamp fewer stages and leave the others at 0.
+  for (int s = 0; s < kernels::kNumStages; ++s)
+    if (st.stage_ns[s] != 0) out.emplace_back(kernels::stage_name(s), st.stage_ns[s]);
 #endif
   return out;
 }
@@ -295,7 +318,8 @@ void AllToAll::Impl::dispatch_step(const DispatchArgs& a, cudaStream_t st, bool 
   raise_fatal();
   expect(send ? Next::kDispatchSend : Next::kDispatchRecv, call);
   const auto io = host::check_dispatch_args(cfg, a, send, recv, call, layer);
-  EPKIT_CUDA_CHECK(kernels::launch_dispatch(params, io, send, recv, dispatch_shape, st));
+  EPKIT_CUDA_CHECK(local ? kernels::launch_local_dispatch(params, io, send, recv, dispatch_shape, st)
+                         : kernels::launch_dispatch(params, io, send, recv, dispatch_shape, st));
   next = recv ? Next::kCombineSend : Next::kDispatchRecv;
 }
 
@@ -303,8 +327,10 @@ void AllToAll::Impl::combine_step(const CombineArgs& a, cudaStream_t st, bool se
   raise_fatal();
   expect(send ? Next::kCombineSend : Next::kCombineRecv, call);
   const auto io = host::check_combine_args(cfg, a, send, recv, call, layer);
-  EPKIT_CUDA_CHECK(kernels::launch_combine(params, io, layer.combine_in, layer.combine_out, send, recv,
-                                           combine_shape, st));
+  EPKIT_CUDA_CHECK(local ? kernels::launch_local_combine(params, io, layer.combine_in, layer.combine_out, send, recv,
+                                                         combine_shape, st)
+                         : kernels::launch_combine(params, io, layer.combine_in, layer.combine_out, send, recv,
+                                                   combine_shape, st));
   next = recv ? Next::kDispatchSend : Next::kCombineRecv;
   if (recv) raise_pending();  // the layer is fully launched: recoverable errors may surface now
 }

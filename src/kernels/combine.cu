@@ -7,48 +7,12 @@
 #include <cuda_runtime.h>
 
 #include "kernels/device_common.cuh"
+#include "kernels/vec8.cuh"
 #include "kernels/launch.hpp"
 
 namespace epkit::kernels {
 
 namespace {
-
-// The packed pair type of a 16-bit float and its conversions to and from float2.
-template <typename T>
-struct Pair16;
-template <>
-struct Pair16<__nv_bfloat16> {
-  using type = __nv_bfloat162;
-  __device__ static type from(float a, float b) { return __floats2bfloat162_rn(a, b); }
-  __device__ static float2 to(type h) { return __bfloat1622float2(h); }
-};
-template <>
-struct Pair16<__half> {
-  using type = __half2;
-  __device__ static type from(float a, float b) { return __floats2half2_rn(a, b); }
-  __device__ static float2 to(type h) { return __half22float2(h); }
-};
-
-// Eight 16-bit values in one 16-byte vector, to and from fp32.
-template <typename T>
-struct Vec8 {
-  using P = Pair16<T>;
-  __device__ static int4 pack(const float* f) {
-    int4 v;
-    auto* h = reinterpret_cast<typename P::type*>(&v);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) h[i] = P::from(f[2 * i], f[2 * i + 1]);
-    return v;
-  }
-  __device__ static void unpack(int4 v, float* f) {
-    const auto* h = reinterpret_cast<const typename P::type*>(&v);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float2 x = P::to(h[i]);
-      f[2 * i] = x.x, f[2 * i + 1] = x.y;
-    }
-  }
-};
 
 // Takes the next one or two set bits of `mask` (the lowest first); b is -1 when only one was left.
 // The loops below handle two expert rows or partials at a time so both rows' loads are in flight
@@ -59,26 +23,6 @@ __device__ __forceinline__ void take_pair(unsigned& mask, int& a, int& b) {
   b = mask ? __ffs(mask) - 1 : -1;
   if (b >= 0) mask &= mask - 1;
 }
-
-// Eight elements of an expert-output row, loaded raw (so two rows' loads can be in flight before
-// any conversion) and unpacked to fp32 afterwards.
-template <typename T>
-struct RawRow {
-  int4 v;
-  __device__ void load(const T* p) { v = __ldg(reinterpret_cast<const int4*>(p)); }
-  __device__ void unpack(float* f) const { Vec8<T>::unpack(v, f); }
-};
-template <>
-struct RawRow<float> {
-  float4 a, b;
-  __device__ void load(const float* p) {
-    a = __ldg(reinterpret_cast<const float4*>(p));
-    b = __ldg(reinterpret_cast<const float4*>(p) + 1);
-  }
-  __device__ void unpack(float* f) const {
-    f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
-  }
-};
 
 // The P2P arrival flags of a warp's last few partial slices, raised together behind one system
 // fence: a release per slice stalled the warp on its remote stores after every slice (at prefill,
@@ -425,10 +369,14 @@ __device__ void finish_layer(const CommParams& p, uint64_t seq, const LayerTail&
   }
 }
 
+// __grid_constant__: the cold paths take p by reference; without it every thread keeps a stack
+// copy of it (docs/ARCHITECTURE.md, kernel code conventions).
 template <typename Tin, typename Tout, bool kLarge>
 __global__ void __launch_bounds__(kThreads, 1)
-    combine_kernel(const CommParams p, const CombineIO io, bool do_send, bool do_recv) {
+    combine_kernel(const __grid_constant__ CommParams p, const __grid_constant__ CombineIO io, bool do_send,
+                   bool do_recv) {
   extern __shared__ int smem[];
+  wait_previous_kernel();
   const uint64_t seq = *reinterpret_cast<volatile uint64_t*>(&p.state->seq) + 1;
   LayerTail tail;
   if (do_recv) tail.load(p);
@@ -449,8 +397,7 @@ cudaError_t launch_typed(const CommParams& p, const CombineIO& io, bool s, bool 
                                          static_cast<int>(sh.smem_bytes));
     if (e != cudaSuccess) return e;
   }
-  kernel<<<sh.blocks, kThreads, sh.smem_bytes, st>>>(p, io, s, r);
-  return cudaGetLastError();
+  return launch_after_previous(kernel, sh, st, p, io, s, r);
 }
 
 template <typename Tout>

@@ -7,6 +7,7 @@
 #include <nvshmemx.h>
 
 #include <cstdint>
+#include <utility>
 
 #include "kernels/kernel_params.hpp"
 
@@ -57,6 +58,37 @@ __device__ __forceinline__ void st16(void* p, int4 v) { *reinterpret_cast<int4*>
   do {                        \
   } while (0)
 #endif
+
+// Programmatic dependent launch (every kernel here is launched with launch_after_previous): the
+// kernel may be scheduled before the previous kernel in the stream has finished, so its first
+// statement waits for that kernel's completion and memory (griddepcontrol.wait; a no-op when not
+// launched that way), and it then lets the next such kernel be scheduled. Nothing is read or
+// written before the wait, so the only overlap is the launch and block scheduling.
+__device__ __forceinline__ void wait_previous_kernel() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900  // older GPUs serialise the launches anyway
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// kernel<<<shape.blocks, kThreads, shape.smem_bytes, stream>>>(args...), allowed to be scheduled
+// before the previous kernel in the stream ends (programmatic stream serialization); the kernel
+// must start with wait_previous_kernel(). Capturable: graphs keep it as a programmatic edge.
+template <typename... Params, typename... Args>
+cudaError_t launch_after_previous(void (*kernel)(Params...), const LaunchShape& shape, cudaStream_t stream,
+                                  Args&&... args) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(shape.blocks);
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = shape.smem_bytes;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
 
 __device__ __forceinline__ bool is_aborted(const CommParams& p) {
   return *reinterpret_cast<volatile int32_t*>(&p.state->aborted) != 0;

@@ -517,10 +517,14 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
   }
 }
 
+// __grid_constant__: the cold paths take p by reference; without it every thread keeps a stack
+// copy of it (docs/ARCHITECTURE.md, kernel code conventions).
 template <bool kLarge>
 __global__ void __launch_bounds__(kThreads, 1)
-    dispatch_kernel(const CommParams p, const DispatchIO io, bool do_send, bool do_recv) {
+    dispatch_kernel(const __grid_constant__ CommParams p, const __grid_constant__ DispatchIO io, bool do_send,
+                    bool do_recv) {
   extern __shared__ int smem[];
+  wait_previous_kernel();
   const uint64_t seq = *reinterpret_cast<volatile uint64_t*>(&p.state->seq) + 1;
   const bool direct_self = do_send && dispatch_send<kLarge>(p, io, seq, smem, do_recv);
   if (do_send && do_recv) __syncthreads();
@@ -550,8 +554,7 @@ cudaError_t launch_dispatch(const CommParams& p, const DispatchIO& io, bool do_s
                                          static_cast<int>(shape.smem_bytes));
     if (e != cudaSuccess) return e;
   }
-  kernel<<<shape.blocks, kThreads, shape.smem_bytes, stream>>>(p, io, do_send, do_recv);
-  return cudaGetLastError();
+  return launch_after_previous(kernel, shape, stream, p, io, do_send, do_recv);
 }
 
 }  // namespace epkit::kernels

@@ -356,6 +356,43 @@ TEST(AllToAll, OverflowIsReportedNotWritten) {
   AGREE_OR_FAIL(problem, describe(cfg, Routing::kUniform, M));
 }
 
+// One captured layer of a large object (ceil(M / D) >= 1024: the large-call kernels, and at W = 1
+// the per-block counts with one grid-wide step), replayed with m on the device across the large-call
+// threshold: the cumulative counters those paths use must line up from replay to replay.
+TEST(AllToAll, LargeCallsGraphReplay) {
+  AllToAllConfig cfg = make_config(128, 8, 64, DType::kFP8E4M3, 5);
+  cfg.max_tokens_per_rank = 1536 * g_dp;
+  AllToAll a2a(comm(), cfg);
+  RankBuffers b;
+  b.allocate(cfg, DType::kInt32);
+  cudaStream_t st;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), cudaSuccess);
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  std::string problem;
+  try {
+    ASSERT_EQ(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    run_layer(a2a, cfg, b, -1, true, false, st);
+    ASSERT_EQ(cudaStreamEndCapture(st, &graph), cudaSuccess);
+    ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  } catch (const std::exception& e) {
+    problem = e.what();
+  }
+  AGREE_OR_FAIL(problem, "large graph capture");
+  const int ms[] = {cfg.max_tokens_per_rank, 1, 1100 * g_dp, 0, 700, cfg.max_tokens_per_rank - 3};
+  const Routing rs[] = {Routing::kUniform, Routing::kMasked, Routing::kOneExpert, Routing::kUniform, Routing::kOneRank,
+                        Routing::kUniform};
+  for (int it = 0; it < 6; ++it) {
+    problem = checked_layer(a2a, cfg, b, rs[it], ms[it], case_seed(97000 + it), st, [&] {
+      return cudaGraphLaunch(exec, st) != cudaSuccess ? std::string("graph launch failed") : std::string();
+    });
+    AGREE_OR_FAIL(problem, describe(cfg, rs[it], ms[it]) + " (graph replay " + std::to_string(it) + ")");
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(st);
+}
+
 TEST(AllToAll, EightLayersWithoutHostSync) {
   const AllToAllConfig cfg = make_config(7168, 8, 256, DType::kFP8E4M3, 3);
   AllToAll a2a(comm(), cfg);

@@ -93,6 +93,7 @@ std::vector<std::pair<std::string, std::string>> collect_meta(const Communicator
   m.emplace_back("command_line", cmd);
   m.emplace_back("NVSHMEM_SYMMETRIC_SIZE", env_or("NVSHMEM_SYMMETRIC_SIZE", "unset"));
   m.emplace_back("EPKIT_TIMEOUT_MS", env_or("EPKIT_TIMEOUT_MS", "unset"));
+  m.emplace_back("EPKIT_LOCAL_KERNELS", env_or("EPKIT_LOCAL_KERNELS", "unset"));  // "0": W = 1 runs the general kernels
   m.emplace_back("sample_definition",
                  "CUDA events after an on-stream barrier; each sample is the slowest rank's time; median, and p99 "
                  "as the nearest-rank 99th percentile");

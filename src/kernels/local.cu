@@ -1,0 +1,514 @@
+// World size 1: dispatch and combine without a peer (issue 15). With one rank, dispatch is the
+// permutation of the tokens into the expert-major layout and combine the weighted gather back out
+// of it, so these kernels send no messages, raise no flags and touch symmetric memory only where a
+// split half must hand data to the other. The host takes them for every call of an object with
+// world_size == 1 (the data path does not matter there: there is no peer). This is a W = 1 fast path
+// of its own; it does not make the W >= 2 kernels (dispatch.cu, combine.cu) any faster.
+//
+// Dispatch (fused): every block counts the routing, gives its chunk of tokens their ranks within
+// their experts (own tokens only, so one run per expert, in an order set by shared atomics), and
+// stores x (and its scales) straight into expert_x; recv_map[t] = (t, expert_x row per k) tells
+// combine where each (t, k) went. Small objects (M < kLocalLargeTokens) count all m tokens in every
+// block, with no communication between blocks. Large ones count only their chunk and take their base
+// in each expert with one global atomic per (block, expert); the packed layout then needs every
+// total before any offset, one grid-wide step (all blocks resident, as the fused kernels of every
+// world size assume), while the masked layout's last block writes the counts and nobody waits.
+// dispatch_send / dispatch_recv keep their contract (the send half reads only the inputs, the
+// receive half writes the outputs): the send half stages each token as its message to self (the
+// message layout of layout.hpp: header with (expert, rank) per k, scales, payload), the receive
+// half places the staged tokens.
+//
+// Combine (fused): one warp per (token, 256 * kChunks elements) sums w[t,k] * expert_y[row(t,k)] over
+// k in fp32 and stores the output once. combine_send stores that sum (in the output dtype, so the
+// value is the same) into the staging rows; combine_recv copies them to out.
+#include <cuda_runtime.h>
+
+#include "kernels/device_common.cuh"
+#include "kernels/launch.hpp"
+#include "kernels/vec8.cuh"
+
+namespace epkit::kernels {
+
+namespace {
+
+constexpr int kRoundTokens = 64;  // own tokens placed per round
+constexpr int kHistUnroll = 4;    // topk loads in flight per lane in the histogram
+constexpr int kUnroll = 4;        // 16-byte chunks per lane per dispatch slice (kSliceBytes)
+constexpr int kSliceChunks = kWarpSize * kUnroll;
+constexpr int kScaleRegs = 4;     // scales per lane held in registers (128 per token, H <= 16384)
+constexpr int kRowBatch = 8;      // expert rows whose loads combine keeps in flight together
+
+// Shared memory of the dispatch kernel; the packed arrays only with the packed layout.
+struct LocalSmem {
+  int* cnt;      // [E] small: entries per expert over all m tokens; large: this block's chunk, then the totals
+  int* run;      // [E] next rank within each expert of this block's tokens
+  int* tok_e;    // [kRoundTokens][K] expert of each entry of the round's tokens (-1: none)
+  int* tok_rk;   // [kRoundTokens][K] its rank within the expert (fused: its row of expert_x, -1 if none)
+  int* first;    // [E + 1] packed: first row of each expert
+  int* wsum;     // [kWarps] scratch of block_aligned_prefix
+  int* last;     // [1] large masked: this block is the last to count
+};
+
+__device__ __forceinline__ LocalSmem carve(int* smem, int E, int K) {
+  LocalSmem sm;
+  sm.cnt = smem;
+  sm.run = sm.cnt + E;
+  sm.tok_e = sm.run + E;
+  sm.tok_rk = sm.tok_e + kRoundTokens * K;
+  sm.first = sm.tok_rk + kRoundTokens * K;
+  sm.wsum = sm.first + E + 1;
+  sm.last = sm.wsum + kWarps;
+  return sm;
+}
+
+__device__ __forceinline__ unsigned long long atomic_add_acq_rel_gpu_u64(uint64_t* p, unsigned long long v) {
+  unsigned long long old;
+  asm volatile("atom.acq_rel.gpu.global.add.u64 %0, [%1], %2;" : "=l"(old) : "l"(p), "l"(v) : "memory");
+  return old;
+}
+
+// Rows of expert_x (and expert_y) in this layout: what a recv_map row index must stay below.
+__device__ __forceinline__ int local_rows(const CommParams& p) {
+  return p.packed ? p.packed_rows : p.num_local_experts * p.capacity;
+}
+
+// The counts (and packed offsets) from the per-expert totals in sm.cnt, and the overflow record.
+// packed: every block (they all need the first rows); the writer block writes the outputs. masked:
+// only the writer block calls it.
+__device__ void local_counts_out(const CommParams& p, const DispatchIO& io, const LocalSmem& sm, bool writer) {
+  const int E = p.num_experts, cap = p.capacity;
+  if (p.packed) {
+    block_aligned_prefix(E, p.packed_row_align, [&](int e) { return sm.cnt[e]; }, sm.first, sm.wsum);
+    if (writer) write_packed_counts(p, io, sm.cnt, sm.first, kPhaseDispatchRecv, 0);
+    return;
+  }
+  for (int e = threadIdx.x; e < E; e += blockDim.x) {
+    const int c = sm.cnt[e];
+    io.expert_num_tokens[e] = min(c, cap);
+    if (c > cap) record_error(p, kErrCapacity, kPhaseDispatchRecv, kWaitNone, -1, e, -1, c, cap, 0);
+  }
+}
+
+// Lane k holds `row` for entry k (-1: none): the warp stores its slice (kUnroll 16-byte chunks per
+// lane) into each of those rows of expert_x, and with sl == 0 the scales: the first 128 held in sc,
+// any further ones (hidden > 16384) read from src_sc.
+__device__ __forceinline__ void store_to_rows(const CommParams& p, const DispatchIO& io, const int4 (&v)[kUnroll],
+                                              const float (&sc)[kScaleRegs], const float* src_sc, int row, int sl,
+                                              int lane) {
+  const int K = p.topk, chunks = p.payload_bytes / 16, ns = p.num_scales;
+#pragma unroll
+  for (int k = 0; k < kMaxTopK; ++k) {
+    const int r = __shfl_sync(0xffffffffu, row, k);
+    if (k >= K || r < 0) continue;
+    int4* dst = reinterpret_cast<int4*>(io.expert_x + static_cast<size_t>(r) * p.payload_bytes);
+#pragma unroll
+    for (int q = 0; q < kUnroll; ++q) {
+      const int c = sl * kSliceChunks + q * kWarpSize + lane;
+      if (c < chunks) dst[c] = v[q];
+    }
+    if (sl == 0 && ns > 0) {
+      float* ds = io.expert_x_scale + static_cast<size_t>(r) * ns;
+#pragma unroll
+      for (int i = 0; i < kScaleRegs; ++i)
+        if (i * kWarpSize + lane < ns) ds[i * kWarpSize + lane] = sc[i];
+      for (int x = kScaleRegs * kWarpSize + lane; x < ns; x += kWarpSize) ds[x] = __ldcg(src_sc + x);
+    }
+  }
+}
+
+// dispatch and dispatch_send. fused: scatter into expert_x; else stage the messages to self.
+template <bool kLarge>
+__device__ void local_dispatch_send(const CommParams& p, const DispatchIO& io, int* smem, bool fused) {
+  const int E = p.num_experts, K = p.topk, nsd = p.dispatch_slices, ns = p.num_scales;
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  const int chunks = p.payload_bytes / 16;
+  const LocalSmem sm = carve(smem, E, K);
+#ifdef EPKIT_STAGE_TIMERS
+  if (blockIdx.x == 0 && threadIdx.x == 0)  // the stages this path does not stamp read 0
+    for (int s = 0; s < kNumStages; ++s) p.state->stage_ns[s] = 0;
+#endif
+  EPKIT_STAGE(p, kStDispatchStart);
+  const int m = resolve_num_tokens(p, io.m, kPhaseDispatchSend, 0, blockIdx.x == 0);
+  const int u0 = static_cast<int>(static_cast<int64_t>(m) * blockIdx.x / gridDim.x);
+  const int u1 = static_cast<int>(static_cast<int64_t>(m) * (blockIdx.x + 1) / gridDim.x);
+
+  // The first slice this warp copies (fused calls), loaded now so that its latency hides behind the
+  // histogram: at decode sizes it is the only slice a warp has.
+  int4 pre[kUnroll] = {};
+  float pre_sc[kScaleRegs] = {};
+  const int nr0 = min(kRoundTokens, u1 - u0);
+  const bool prefetched = fused && warp < nr0 * nsd;
+  if (prefetched) {
+    const int t = u0 + warp / nsd, sl = warp % nsd;
+    const int4* src = reinterpret_cast<const int4*>(io.x + static_cast<size_t>(t) * p.payload_bytes);
+#pragma unroll
+    for (int q = 0; q < kUnroll; ++q) {
+      const int c = sl * kSliceChunks + q * kWarpSize + lane;
+      if (c < chunks) pre[q] = __ldg(src + c);
+    }
+#pragma unroll
+    for (int i = 0; i < kScaleRegs; ++i)
+      if (sl == 0 && i * kWarpSize + lane < ns)
+        pre_sc[i] = __ldg(io.x_scale + static_cast<size_t>(t) * ns + i * kWarpSize + lane);
+  }
+
+  // Histogram, lanes in groups of G >= K (a power of two): lane k of a group reads entry k of one
+  // token, a warp reads 32 / G tokens with one coalesced load, kHistUnroll loads in flight per lane.
+  // Small: all m tokens (those before the chunk seed the ranks); large: this block's chunk. The first
+  // batch is loaded before the counters are cleared, so that its latency hides behind that.
+  {
+    const int h0 = kLarge ? u0 : 0, h1 = kLarge ? u1 : m;
+    const bool report = kLarge || blockIdx.x == 0;
+    const int G = K <= 1 ? 1 : K <= 2 ? 2 : K <= 4 ? 4 : K <= 8 ? 8 : 16;
+    const int per_warp = kWarpSize / G, k = lane % G, sub = lane / G;
+    const int step = kWarps * per_warp;
+    int ex[kHistUnroll];
+    auto load_batch = [&](int base) {
+#pragma unroll
+      for (int q = 0; q < kHistUnroll; ++q) {
+        const int u = base + q * step + sub;
+        ex[q] = u < h1 && k < K ? read_expert(p, io.topk_idx, io.idx_type, static_cast<int64_t>(u) * K + k,
+                                              kPhaseDispatchSend, u, 0, report)
+                                : -1;
+      }
+    };
+    const int base0 = h0 + warp * per_warp;
+    load_batch(base0);
+    for (int x = threadIdx.x; x < E; x += blockDim.x) sm.cnt[x] = 0, sm.run[x] = 0;
+    __syncthreads();
+    for (int base = base0; base < h1; base += kHistUnroll * step) {
+      if (base != base0) load_batch(base);
+#pragma unroll
+      for (int q = 0; q < kHistUnroll; ++q) {
+        const int e = ex[q], u = base + q * step + sub;
+        if (u >= u0 && u < u0 + nr0 && k < K) sm.tok_e[(u - u0) * K + k] = e;  // phase A of round 0 reads it
+        if (e < 0) continue;
+        atomicAdd(&sm.cnt[e], 1);
+        if (!kLarge && u < u0) atomicAdd(&sm.run[e], 1);
+      }
+    }
+  }
+  __syncthreads();
+
+  bool writer = blockIdx.x == 0;  // the block that writes the counts (and, split, the totals)
+  if constexpr (kLarge) {
+    // This block's base in each expert: one global atomic per (block, expert) with entries. The
+    // counters are zeroed by the combine that ends the layer.
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+      const int c = sm.cnt[e];
+      sm.run[e] = c ? atomicAdd(p.local_counts + e, c) : 0;
+    }
+    __syncthreads();
+    if (fused) {
+      // bar.sync + the cumulative acq_rel add publish this block's atomics; the last block to
+      // arrive (masked) or every block after all arrived (packed) reads the totals.
+      const uint64_t G = gridDim.x;
+      if (threadIdx.x == 0) {
+        const unsigned long long old = atomic_add_acq_rel_gpu_u64(&p.state->local_arrive, 1);
+        const uint64_t target = (old / G + 1) * G;
+        sm.last[0] = old + 1 == target;
+        if (p.packed)
+          wait_flag(p, &p.state->local_arrive, target, Cmp::kGe, kPhaseDispatchSend, kWaitBlockHistogram, p.rank, -1,
+                    old / G + 1);
+      }
+      __syncthreads();
+      writer = p.packed ? blockIdx.x == 0 : sm.last[0] != 0;
+      if (p.packed || writer)
+        for (int e = threadIdx.x; e < E; e += blockDim.x) sm.cnt[e] = __ldcg(p.local_counts + e);
+      __syncthreads();
+    }
+  }
+  EPKIT_STAGE(p, kStHistogramDone);
+
+  if (fused) {
+    if (p.packed || writer) local_counts_out(p, io, sm, writer);
+  } else if (blockIdx.x == 0) {  // the totals and m for dispatch_recv (large: the counters hold them)
+    if (!kLarge)
+      for (int e = threadIdx.x; e < E; e += blockDim.x) p.local_counts[e] = sm.cnt[e];
+    if (threadIdx.x == 0) p.state->local_m = m;
+  }
+  EPKIT_STAGE(p, kStOffsetsDone);
+
+  const int hdr_words = p.header_bytes / 4;
+  uint8_t* stage = sym_at<uint8_t>(p, p.off_dispatch_recv);  // [M] messages to self (split calls)
+  for (int r0 = u0; r0 < u1; r0 += kRoundTokens) {
+    const int nr = min(kRoundTokens, u1 - r0);
+    // Phase A: one warp per token takes its ranks (and, fused, its rows).
+    for (int ui = warp; ui < nr; ui += kWarps) {
+      const int t = r0 + ui;
+      const int e = lane >= K ? -1
+                    : r0 == u0 ? sm.tok_e[ui * K + lane]
+                               : read_expert(p, io.topk_idx, io.idx_type, static_cast<int64_t>(t) * K + lane,
+                                             kPhaseDispatchSend, t, 0, false);
+      const int rk = e >= 0 ? atomicAdd(&sm.run[e], 1) : 0;
+      if (lane < K) {
+        sm.tok_e[ui * K + lane] = e;
+        if (fused) {
+          const int row = e >= 0 ? expert_row(p, e, rk, sm.first) : -1;
+          sm.tok_rk[ui * K + lane] = row;
+          int32_t* map = p.recv_map + static_cast<size_t>(t) * (K + 1);
+          map[1 + lane] = row;
+          if (lane == 0) map[0] = t;
+          if (p.weights_at_dispatch)  // where combine reads them
+            sym_at<uint64_t>(p, p.off_weights_recv)[static_cast<size_t>(t) * K + lane] =
+                __float_as_uint(io.topk_weights[static_cast<size_t>(t) * K + lane]);
+        } else {
+          sm.tok_rk[ui * K + lane] = rk;
+        }
+      }
+    }
+    __syncthreads();
+    // Phase B: one warp per (token, slice).
+    for (int w = warp; w < nr * nsd; w += kWarps) {
+      const int ui = w / nsd, sl = w % nsd, t = r0 + ui;
+      int4 v[kUnroll];
+      float sc[kScaleRegs];
+      if (prefetched && r0 == u0 && w == warp) {
+#pragma unroll
+        for (int q = 0; q < kUnroll; ++q) v[q] = pre[q];
+#pragma unroll
+        for (int i = 0; i < kScaleRegs; ++i) sc[i] = pre_sc[i];
+      } else {
+        const int4* src = reinterpret_cast<const int4*>(io.x + static_cast<size_t>(t) * p.payload_bytes);
+#pragma unroll
+        for (int q = 0; q < kUnroll; ++q) {
+          const int c = sl * kSliceChunks + q * kWarpSize + lane;
+          if (c < chunks) v[q] = __ldg(src + c);
+        }
+#pragma unroll
+        for (int i = 0; i < kScaleRegs; ++i)
+          sc[i] = sl == 0 && i * kWarpSize + lane < ns
+                      ? __ldg(io.x_scale + static_cast<size_t>(t) * ns + i * kWarpSize + lane)
+                      : 0.f;
+      }
+      const float* src_sc = ns ? io.x_scale + static_cast<size_t>(t) * ns : nullptr;
+      if (fused) {
+        store_to_rows(p, io, v, sc, src_sc, lane < K ? sm.tok_rk[ui * K + lane] : -1, sl, lane);
+        continue;
+      }
+      // Split: the message to self, header and scales with slice 0.
+      uint8_t* msg = stage + static_cast<size_t>(t) * p.msg_bytes;
+      if (sl == 0) {
+        auto word = [&](int wd) -> int32_t {
+          if (wd == 0) return t;
+          if (wd < 4) return 0;
+          if (wd >= 4 + 2 * K) {  // router weights (weights_at_dispatch), then padding
+            const int k = wd - 4 - 2 * K;
+            return io.topk_weights && k < K ? __float_as_int(io.topk_weights[static_cast<size_t>(t) * K + k]) : -1;
+          }
+          const int k = (wd - 4) / 2;
+          return ((wd - 4) & 1) ? sm.tok_rk[ui * K + k] : sm.tok_e[ui * K + k];
+        };
+        int32_t* h = reinterpret_cast<int32_t*>(msg);
+        if (lane < hdr_words) h[lane] = word(lane);
+        if (lane + 32 < hdr_words) h[lane + 32] = word(lane + 32);
+        float* ms = reinterpret_cast<float*>(msg + p.header_bytes);
+#pragma unroll
+        for (int i = 0; i < kScaleRegs; ++i)
+          if (i * kWarpSize + lane < ns) ms[i * kWarpSize + lane] = sc[i];
+        for (int x = kScaleRegs * kWarpSize + lane; x < ns; x += kWarpSize) ms[x] = __ldg(src_sc + x);
+      }
+      int4* pl = reinterpret_cast<int4*>(msg + p.payload_offset);
+#pragma unroll
+      for (int q = 0; q < kUnroll; ++q) {
+        const int c = sl * kSliceChunks + q * kWarpSize + lane;
+        if (c < chunks) pl[c] = v[q];
+      }
+    }
+    __syncthreads();
+  }
+}
+
+// dispatch_recv after a dispatch_send: the totals from local_counts, then one warp per (staged
+// token, slice) places it.
+__device__ void local_dispatch_recv(const CommParams& p, const DispatchIO& io, int* smem) {
+  const int E = p.num_experts, K = p.topk, nsd = p.dispatch_slices, ns = p.num_scales;
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  const int chunks = p.payload_bytes / 16;
+  const LocalSmem sm = carve(smem, E, K);
+  const int m = *reinterpret_cast<const volatile int32_t*>(&p.state->local_m);
+  for (int e = threadIdx.x; e < E; e += blockDim.x) sm.cnt[e] = p.local_counts[e];
+  __syncthreads();
+  if (p.packed || blockIdx.x == 0) local_counts_out(p, io, sm, blockIdx.x == 0);
+  EPKIT_STAGE(p, kStOffsetsDone);
+  const uint8_t* stage = sym_at<uint8_t>(p, p.off_dispatch_recv);
+  for (int q = blockIdx.x * kWarps + warp; q < m * nsd; q += gridDim.x * kWarps) {
+    const int t = q / nsd, sl = q % nsd;
+    const uint8_t* msg = stage + static_cast<size_t>(t) * p.msg_bytes;
+    const int4* pl = reinterpret_cast<const int4*>(msg + p.payload_offset);
+    int4 v[kUnroll];
+#pragma unroll
+    for (int qq = 0; qq < kUnroll; ++qq) {
+      const int c = sl * kSliceChunks + qq * kWarpSize + lane;
+      if (c < chunks) v[qq] = __ldcg(pl + c);
+    }
+    float sc[kScaleRegs];
+    const float* ms = reinterpret_cast<const float*>(msg + p.header_bytes);
+#pragma unroll
+    for (int i = 0; i < kScaleRegs; ++i)
+      sc[i] = sl == 0 && i * kWarpSize + lane < ns ? __ldcg(ms + i * kWarpSize + lane) : 0.f;
+    const int32_t* hdr = reinterpret_cast<const int32_t*>(msg);
+    int row = -1;
+    if (lane < K) {
+      const int e = __ldcg(hdr + 4 + 2 * lane), rk = __ldcg(hdr + 5 + 2 * lane);
+      row = e >= 0 ? expert_row(p, e, rk, sm.first) : -1;
+    }
+    if (sl == 0 && lane < K) {
+      int32_t* map = p.recv_map + static_cast<size_t>(t) * (K + 1);
+      map[1 + lane] = row;
+      if (lane == 0) map[0] = t;
+      if (p.weights_at_dispatch)
+        sym_at<uint64_t>(p, p.off_weights_recv)[static_cast<size_t>(t) * K + lane] =
+            static_cast<uint32_t>(__ldcg(hdr + 4 + 2 * K + lane));
+    }
+    store_to_rows(p, io, v, sc, ms, row, sl, lane);
+  }
+}
+
+template <bool kLarge>
+__global__ void __launch_bounds__(kThreads, 1)
+    local_dispatch_kernel(const __grid_constant__ CommParams p, const __grid_constant__ DispatchIO io, bool do_send,
+                          bool do_recv) {
+  extern __shared__ int smem[];
+  wait_previous_kernel();
+  if (do_send) {
+    local_dispatch_send<kLarge>(p, io, smem, do_recv);
+  } else {
+    local_dispatch_recv(p, io, smem);
+  }
+  EPKIT_STAGE(p, kStDispatchDone);
+}
+
+// Combine: one warp per (token, kChunks x 256 elements), out (or the staging row) = sum_k w * y.
+template <typename Tin, typename Tout, int kChunks>
+__device__ void local_combine_sum(const CommParams& p, const CombineIO& io, int m, Tout* out) {
+  const int K = p.topk, H = p.hidden, chunks = H / 8;
+  const int per_unit = kWarpSize * kChunks, units = (chunks + per_unit - 1) / per_unit;
+  const int lane = threadIdx.x % kWarpSize;
+  const int rows = local_rows(p);
+  const Tin* y = static_cast<const Tin*>(io.expert_y);
+  const uint64_t* wstore = sym_at<uint64_t>(p, p.off_weights_recv);
+  for (int q = blockIdx.x * kWarps + threadIdx.x / kWarpSize; q < m * units; q += gridDim.x * kWarps) {
+    const int t = q / units, cu = q % units;
+    int row = -1;
+    float wk = 0.f;
+    if (lane < K) {  // the map and the weight load together
+      row = p.recv_map[static_cast<size_t>(t) * (K + 1) + 1 + lane];
+      wk = p.weights_at_dispatch ? __uint_as_float(static_cast<uint32_t>(wstore[static_cast<size_t>(t) * K + lane]))
+                                 : io.topk_weights[static_cast<size_t>(t) * K + lane];
+      if (row >= rows) row = -1;  // never read past expert_y, whatever the map holds
+    }
+#pragma unroll
+    for (int qq = 0; qq < kChunks; ++qq) {
+      const int c = cu * per_unit + qq * kWarpSize + lane;
+      float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+#pragma unroll 1
+      for (int kb = 0; kb < K; kb += kRowBatch) {
+        RawRow<Tin> r[kRowBatch];
+        float w[kRowBatch];
+        bool have[kRowBatch];
+#pragma unroll
+        for (int j = 0; j < kRowBatch; ++j) {  // every row's load before any use
+          const int rj = __shfl_sync(0xffffffffu, row, (kb + j) & (kWarpSize - 1));
+          w[j] = __shfl_sync(0xffffffffu, wk, (kb + j) & (kWarpSize - 1));
+          have[j] = kb + j < K && rj >= 0 && c < chunks;
+          if (have[j]) r[j].load(y + static_cast<size_t>(rj) * H + static_cast<size_t>(c) * 8);
+        }
+#pragma unroll
+        for (int j = 0; j < kRowBatch; ++j) {
+          if (!have[j]) continue;
+          float f[8];
+          r[j].unpack(f);
+#pragma unroll
+          for (int i = 0; i < 8; ++i) acc[i] = fmaf(w[j], f[i], acc[i]);
+        }
+      }
+      if (c < chunks) st16(out + static_cast<size_t>(t) * H + static_cast<size_t>(c) * 8, Vec8<Tout>::pack(acc));
+    }
+  }
+}
+
+// combine_recv after a combine_send: the staged sums to out.
+template <typename Tout>
+__device__ void local_combine_copy(const CommParams& p, const CombineIO& io, int m) {
+  const int chunks = p.hidden / 8;
+  const int4* stage = sym_at<const int4>(p, p.off_combine_recv);
+  int4* out = static_cast<int4*>(io.out);
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < static_cast<int64_t>(m) * chunks;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    out[i] = __ldcg(stage + i);
+}
+
+template <typename Tin, typename Tout, bool kLarge>
+__global__ void __launch_bounds__(kThreads, 1)
+    local_combine_kernel(const __grid_constant__ CommParams p, const __grid_constant__ CombineIO io, bool do_send,
+                         bool do_recv) {
+  wait_previous_kernel();
+  EPKIT_STAGE(p, kStCombineStart);
+  // Reported by dispatch only: one bad m is one error, not one per kernel of the layer.
+  const int m = resolve_num_tokens(p, io.m, do_send ? kPhaseCombineSend : kPhaseCombineRecv, 0, false);
+  if (do_send) {
+    // The large dispatch's per-expert counters start the next layer at zero (nothing reads them
+    // after dispatch).
+    if (kLarge && blockIdx.x == 0)
+      for (int e = threadIdx.x; e < p.num_experts; e += blockDim.x) p.local_counts[e] = 0;
+    Tout* out = do_recv ? static_cast<Tout*>(io.out) : sym_at<Tout>(p, p.off_combine_recv);
+    local_combine_sum<Tin, Tout, kLarge ? 4 : 1>(p, io, m, out);
+    EPKIT_STAGE(p, kStPartialsSent);
+  } else {
+    local_combine_copy<Tout>(p, io, m);
+  }
+  EPKIT_STAGE(p, kStTokensSummed);
+}
+
+template <typename Tin, typename Tout>
+cudaError_t launch_local_typed(const CommParams& p, const CombineIO& io, bool s, bool r, const LaunchShape& sh,
+                               cudaStream_t st) {
+  auto kernel = local_large(p) ? local_combine_kernel<Tin, Tout, true> : local_combine_kernel<Tin, Tout, false>;
+  return launch_after_previous(kernel, sh, st, p, io, s, r);
+}
+
+template <typename Tout>
+cudaError_t launch_local_out(const CommParams& p, const CombineIO& io, DType in, bool s, bool r, const LaunchShape& sh,
+                             cudaStream_t st) {
+  switch (in) {
+    case DType::kBF16: return launch_local_typed<__nv_bfloat16, Tout>(p, io, s, r, sh, st);
+    case DType::kFP16: return launch_local_typed<__half, Tout>(p, io, s, r, sh, st);
+    case DType::kFP32: return launch_local_typed<float, Tout>(p, io, s, r, sh, st);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace
+
+size_t local_dispatch_smem_bytes(int num_experts, int topk) {
+  return (3 * static_cast<size_t>(num_experts) + 1 + 2 * static_cast<size_t>(kRoundTokens) * topk + kWarps + 1) *
+         sizeof(int);
+}
+
+int local_combine_units(int max_tokens, int hidden, bool large) {
+  const int per_unit = kWarpSize * (large ? 4 : 1);
+  return max_tokens * ((hidden / 8 + per_unit - 1) / per_unit);
+}
+
+cudaError_t launch_local_dispatch(const CommParams& p, const DispatchIO& io, bool do_send, bool do_recv,
+                                  const LaunchShape& shape, cudaStream_t stream) {
+  auto kernel = local_large(p) ? local_dispatch_kernel<true> : local_dispatch_kernel<false>;
+  if (shape.smem_bytes > 48 * 1024) {
+    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(shape.smem_bytes));
+    if (e != cudaSuccess) return e;
+  }
+  return launch_after_previous(kernel, shape, stream, p, io, do_send, do_recv);
+}
+
+cudaError_t launch_local_combine(const CommParams& p, const CombineIO& io, DType in, DType out, bool do_send,
+                                 bool do_recv, const LaunchShape& shape, cudaStream_t stream) {
+  switch (out) {
+    case DType::kBF16: return launch_local_out<__nv_bfloat16>(p, io, in, do_send, do_recv, shape, stream);
+    case DType::kFP16: return launch_local_out<__half>(p, io, in, do_send, do_recv, shape, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace epkit::kernels
