@@ -15,8 +15,11 @@ if ! python3 -c "import torch" >/dev/null 2>&1; then
 fi
 echo "== Python suite $*"
 # --durations=0: every test's time, so the 5-minute budget of `make test` can be checked per test.
+# With pytest-xdist, EPKIT_TEST_JOBS (default 4) test processes at a time, as the GPU suite runs.
+par=()
+python3 -c "import xdist" >/dev/null 2>&1 && [ "${EPKIT_TEST_JOBS:-4}" -gt 1 ] && par=(-n "${EPKIT_TEST_JOBS:-4}")
 PYTHONFAULTHANDLER=1 NVSHMEM_DISABLE_NVLS=1 NCCL_NVLS_ENABLE=0 PYTHONPATH="$BUILD/python${PYTHONPATH:+:$PYTHONPATH}" \
-  python3 -m pytest -q -rs --durations=0 python/tests "$@"
+  python3 -m pytest -q -rs --durations=0 "${par[@]}" python/tests "$@"
 rc=$?
 [ $rc -eq 5 ] && { echo "python: no tests collected"; rc=0; }
 exit $rc
