@@ -46,7 +46,7 @@ for p in "$@"; do
     cpu) phase cpu 120 "cd $BUILD && ctest -L cpu --output-on-failure" ;;
     moe-tests) phase moe-tests "${PHASE_TIMEOUT:-300}" "cd $BUILD && ctest -R '^moe_test_' -L gpu --output-on-failure --timeout 240" ;;
     layer-tests) phase layer-tests "${PHASE_TIMEOUT:-420}" "cd $BUILD && ctest -R '^test_moe_layer' -L gpu --output-on-failure --timeout 300" ;;
-    gpu-suite) phase gpu-suite "${PHASE_TIMEOUT:-540}" "cd $BUILD && time ctest -L gpu -j ${EPKIT_TEST_JOBS:-4} --output-on-failure --timeout 300" ;;
+    gpu-suite) phase gpu-suite "${PHASE_TIMEOUT:-540}" "cd $BUILD && time ctest -L gpu -j ${EPKIT_TEST_JOBS:-8} --output-on-failure --timeout 300" ;;
     make-test) phase make-test "${PHASE_TIMEOUT:-540}" "time bash scripts/run-tests.sh $BUILD" ;;
     python) phase python "${PHASE_TIMEOUT:-300}" "time bash scripts/run-python-tests.sh $BUILD" ;;
     stress) phase stress "${PHASE_TIMEOUT:-560}" "cd $BUILD && time ctest -L stress --output-on-failure" ;;
@@ -62,3 +62,5 @@ for p in "$@"; do
 done
 echo "=== summary"
 cat "$SUMMARY"
+# One archive of every log and result (a device call returns at most 8 files).
+tar czf "$LOG.tgz" -C "$(dirname "$LOG")" "$(basename "$LOG")" && rm -rf "$LOG"

@@ -37,10 +37,11 @@ else
   timed "CPU suite" bash -c "cd '$BUILD' && ctest -L cpu --output-on-failure"
   if [ "${ngpu:-0}" -gt 0 ]; then
     echo "== GPU suite ($ngpu GPUs)"
-    # Several test processes share the GPU at once (EPKIT_TEST_JOBS, default 4): the tests spend most
+    # Several test processes share the GPU at once, at most EPKIT_TEST_JOBS (default 8) PEs in all (each
+    # test's PROCESSORS is its rank count; more PEs at once failed NVSHMEM's heap mapping): the tests spend most
     # of their time in process start-up, NVSHMEM bootstrap and host references, and kernels of
     # different processes time-slice the GPU (each process's spin-waiting kernels stay co-resident).
-    timed "GPU suite" bash -c "cd '$BUILD' && ctest -L gpu -j ${EPKIT_TEST_JOBS:-4} --output-on-failure"
+    timed "GPU suite" bash -c "cd '$BUILD' && ctest -L gpu -j ${EPKIT_TEST_JOBS:-8} --output-on-failure"
   else
     no_gpu "the GPU suite (ctest -L gpu)"
   fi

@@ -124,7 +124,7 @@ Timing time_graph(cudaStream_t s, const L2Flush& flush, int calls, int replays,
       cuda_check(cudaEventRecord(b, s), "event");
       cuda_check(cudaEventSynchronize(b), "graph replay");
       float ms = 0;
-      cuda_check(cudaEventElapsedTime(&ms, a, b), "elapsed");
+      cuda_check(cudaEventElapsedTime(&ms, a, b), "graph replay: cudaEventElapsedTime");
       us.push_back(1000.0 * ms / calls);
     }
   } catch (...) {
@@ -172,7 +172,7 @@ PartsTiming time_graph_parts(cudaStream_t s, const L2Flush& flush, int calls, in
       std::vector<double> sum(np, 0.0);
       for (size_t k = 1; k < ev.size(); ++k) {
         float ms = 0;
-        cuda_check(cudaEventElapsedTime(&ms, ev[k - 1], ev[k]), "elapsed");
+        cuda_check(cudaEventElapsedTime(&ms, ev[k - 1], ev[k]), "graph parts: cudaEventElapsedTime");
         sum[(k - 1) % np] += 1000.0 * ms;
       }
       for (int p = 0; p < np; ++p) per[p].push_back(sum[p] / calls);

@@ -98,8 +98,9 @@ Timing time_forward(MoELayer& layer, const MoEBatch& b, cudaStream_t s, int n) {
     layer.forward(b, s);
     cuda_check(cudaEventRecord(e, s), "event");
     cuda_check(cudaEventSynchronize(e), "forward");
+    cuda_check(cudaGetLastError(), "forward (a launch)");
     float ms = 0;
-    cuda_check(cudaEventElapsedTime(&ms, a, e), "elapsed");
+    cuda_check(cudaEventElapsedTime(&ms, a, e), "forward: cudaEventElapsedTime");
     if (i >= 0) us.push_back(1000.0 * ms);
   }
   cudaEventDestroy(a), cudaEventDestroy(e);
@@ -111,9 +112,13 @@ Timing time_forward(MoELayer& layer, const MoEBatch& b, cudaStream_t s, int n) {
 
 const std::vector<LayerRow>& last_layer_rows() { return g_rows; }
 
-std::vector<Row> bench_layer(const Options& o, const Ceilings& c, const L2Flush& f, cudaStream_t s) {
+std::vector<Row> bench_layer(const Options& o, const Ceilings& c, const L2Flush& f, cudaStream_t) {
   g_rows.clear();
   Communicator comm = Communicator::from_unique_id(0, 1, make_unique_id());
+  // Streams and events of the layer runs are made after NVSHMEM is up (it may make its own context
+  // current): a stream made before it and events made after would not time together.
+  cudaStream_t s = nullptr;
+  cuda_check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "layer stream");
   const int max_b = *std::max_element(o.batches.begin(), o.batches.end());
   const int max_q = *std::max_element(o.query_lens.begin(), o.query_lens.end());
   const int M = std::max(2, max_b * max_q);
@@ -208,6 +213,7 @@ std::vector<Row> bench_layer(const Options& o, const Ceilings& c, const L2Flush&
       }
     }
   }
+  cudaStreamDestroy(s);
   return {};
 }
 
