@@ -154,11 +154,14 @@ PartsTiming time_graph_parts(cudaStream_t s, const L2Flush& flush, int calls, in
   };
   try {
     cuda_check(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "begin capture");
-    cuda_check(cudaEventRecord(ev[0], s), "event in capture");
+    // External records: a plain cudaEventRecord in a capture becomes an internal dependency, not a
+    // timestamp, and cudaEventElapsedTime then fails (seen on the H200 box).
+    cuda_check(cudaEventRecordWithFlags(ev[0], s, cudaEventRecordExternal), "event in capture");
     for (int i = 0; i < calls; ++i)
       for (int p = 0; p < np; ++p) {
         parts[p](s);
-        cuda_check(cudaEventRecord(ev[1 + static_cast<size_t>(i) * np + p], s), "event in capture");
+        cuda_check(cudaEventRecordWithFlags(ev[1 + static_cast<size_t>(i) * np + p], s, cudaEventRecordExternal),
+                   "event in capture");
       }
     cuda_check(cudaStreamEndCapture(s, &g), "end capture");
     const cudaError_t ie = cudaGraphInstantiate(&ge, g, 0);

@@ -111,6 +111,8 @@ Timing time_forward(MoELayer& layer, const MoEBatch& b, cudaStream_t s, int n) {
 }  // namespace
 
 const std::vector<LayerRow>& last_layer_rows() { return g_rows; }
+std::function<void()> g_layer_checkpoint;
+void set_layer_checkpoint(std::function<void()> f) { g_layer_checkpoint = std::move(f); }
 
 std::vector<Row> bench_layer(const Options& o, const Ceilings& c, const L2Flush& f, cudaStream_t) {
   g_rows.clear();
@@ -185,6 +187,7 @@ std::vector<Row> bench_layer(const Options& o, const Ceilings& c, const L2Flush&
                       r.graph_over_steps, r.weight_bound_us, touched);
           std::fflush(stdout);
           g_rows.push_back(r);
+          if (g_layer_checkpoint) g_layer_checkpoint();  // the JSON so far, in case the run is cut short
         }
       }
       // One graph for every m through the device count: captured at the largest bucket (M rows),

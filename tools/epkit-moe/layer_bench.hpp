@@ -4,6 +4,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <functional>
 #include <vector>
 
 #include "bench_core.hpp"
@@ -15,5 +16,7 @@ namespace epkit::moebench {
 std::vector<Row> bench_layer(const Options& o, const Ceilings& c, const L2Flush& f, cudaStream_t s);
 // The layer rows of the last bench_layer() run (written by main as the layer JSON).
 const std::vector<LayerRow>& last_layer_rows();
+// Called after every layer row (main writes the JSON so far).
+void set_layer_checkpoint(std::function<void()> f);
 
 }  // namespace epkit::moebench

@@ -74,6 +74,11 @@ int run(const std::vector<std::string>& argv) {
       rows.insert(rows.end(), r.begin(), r.end());
     }
   } else {
+    if (!o.json.empty())
+      set_layer_checkpoint([&] {
+        std::ofstream f(o.json);
+        f << layer_results_json(meta, c.hbm_read_GBps, c.fp8_dense_TFLOPs, last_layer_rows()).dump(1) << "\n";
+      });
     rows = bench_layer(o, c, flush, s);
   }
   cudaStreamDestroy(s);
