@@ -15,7 +15,10 @@ namespace epkit::plan {
 
 namespace {
 
-// Parsed flags: "--name value" pairs and bare switches, each allowed once.
+// Options that may be given several times; every other option is allowed once.
+const std::set<std::string> kRepeatable = {"--calibrate"};
+
+// Parsed flags: "--name value" pairs and bare switches.
 class Args {
  public:
   Args(const std::vector<std::string>& args, size_t first, const std::set<std::string>& with_value,
@@ -27,14 +30,17 @@ class Args {
         values_[a] = "";
       } else if (with_value.count(a)) {
         EPKIT_CHECK(i + 1 < args.size(), "option ", a, " needs a value");
-        EPKIT_CHECK(!values_.count(a), "option ", a, " given twice");
+        EPKIT_CHECK(!values_.count(a) || kRepeatable.count(a), "option ", a, " given twice");
         values_[a] = args[++i];
+        all_[a].push_back(values_[a]);
       } else {
         EPKIT_FAIL("unknown option '", a, "' (see epkit-plan --help)");
       }
     }
   }
   bool has(const std::string& k) const { return values_.count(k) != 0; }
+  // Every value of a repeatable option, in command-line order.
+  std::vector<std::string> all(const std::string& k) const { return all_.count(k) ? all_.at(k) : std::vector<std::string>{}; }
   std::string str(const std::string& k, const std::string& def) const { return has(k) ? values_.at(k) : def; }
   int integer(const std::string& k, int def, int lo, int hi) const {
     if (!has(k)) return def;
@@ -82,6 +88,7 @@ class Args {
 
  private:
   std::map<std::string, std::string> values_;
+  std::map<std::string, std::vector<std::string>> all_;
 };
 
 const std::set<std::string> kCommon = {"--model", "--query-len", "--acceptance", "--context", "--calibrate",
@@ -116,13 +123,27 @@ Efficiency parse_efficiency(const Args& a) {
 
 std::optional<Calibration> parse_calibration(const Args& a, const ModelSpec& m) {
   if (!a.has("--calibrate")) return std::nullopt;
-  return load_calibration(a.str("--calibrate", ""), m, a.str("--calibrate-system", "epkit"));
+  return load_calibrations(a.all("--calibrate"), m, a.str("--calibrate-system", "epkit"));
 }
 
 Json calibration_json(const std::optional<Calibration>& cal) {
   Json j = Json::object();
-  j.set("source", cal ? cal->source : "").set("rows_used", cal ? double(cal->comm.size()) : 0.0);
+  Json sources = Json::array();
+  if (cal)
+    for (const auto& s : cal->sources) sources.push(s);
+  // rows_used counts epkit-bench rows (the field predates the epkit-moe files).
+  j.set("source", cal ? cal->source : "").set("sources", sources)
+      .set("rows_used", cal ? double(cal->comm.size()) : 0.0)
+      .set("kernel_rows_used", cal ? double(cal->kernels.size()) : 0.0)
+      .set("kernel_rows_ignored", cal ? cal->kernel_rows_ignored : 0)
+      .set("layer_rows_used", cal ? double(cal->layers.size()) : 0.0);
   return j;
+}
+
+std::string calibration_line(const Calibration& cal) {
+  return detail::concat("calibration: ", cal.comm.size(), " epkit-bench rows (dispatch/combine), ", cal.kernels.size(),
+                        " epkit-moe kernel rows (", cal.kernel_rows_ignored, " ignored), ", cal.layers.size(),
+                        " epkit-moe layer rows, from ", cal.source, "\n");
 }
 
 int cmd_explain(const std::vector<std::string>& args, std::ostream& out) {
@@ -151,6 +172,7 @@ int cmd_explain(const std::vector<std::string>& args, std::ostream& out) {
     out << j.dump(2) << "\n";
   } else {
     out << explain_text(p);
+    if (cal) out << "\n" << calibration_line(*cal);
   }
   return 0;
 }
@@ -207,7 +229,7 @@ int cmd_sweep(const std::vector<std::string>& args, size_t first, std::ostream& 
             << "geomean " << r.geomean << "x (min " << r.min << "x, max " << r.max << "x, " << r.samples
             << " speeds)\n";
     }
-    if (cal) out << "calibration: " << cal->comm.size() << " rows from " << cal->source << " (dispatch/combine measured where matched)\n";
+    if (cal) out << calibration_line(*cal);
     return 0;
   }
   Json j = Json::object();
@@ -272,6 +294,7 @@ int cmd_roofline(const std::vector<std::string>& args, std::ostream& out) {
   const auto eps = a.int_list("--ep", {8, 16, 32, 64, 128}, 1, 1 << 16);
   const auto batches = a.int_list("--batch", {1, 2, 4, 8, 16, 32, 64, 128}, 1, 1 << 20);
   const Efficiency e = parse_efficiency(a);
+  const auto cal = parse_calibration(a, m);
   Json j = Json::object();
   Json roofs = Json::array();
   Json pts = Json::array();
@@ -288,16 +311,17 @@ int cmd_roofline(const std::vector<std::string>& args, std::ostream& out) {
         c.query_len = a.integer("--query-len", 1 + m.mtp_draft_tokens, 1, 64);
         c.context = a.integer("--context", 5000, 1, 10'000'000);
         validate(c, m, g);
-        const auto ops = moe_layer_ops(m, g, c, e, b, true, nullptr);
+        const auto ops = moe_layer_ops(m, g, c, e, b, true, cal ? &*cal : nullptr);
         for (const auto& op : ops.ops) {
           if (op.kind != OpKind::kKernel || op.kernel.flop == 0) continue;
           const auto& k = op.kernel;
           if (k.cls != KernelClass::kGemm && k.cls != KernelClass::kGroupGemm) continue;
-          const double t = k.time_us - g.kernel_launch_us;  // the roofline plot shows the kernel body
+          // The roofline plot shows the kernel body; a measured time has no separable launch cost.
+          const double t = k.measured ? k.time_us : k.time_us - g.kernel_launch_us;
           Json pj = Json::object();
           pj.set("gpu", g.name).set("ep", ep).set("batch", b).set("kernel", k.name).set("class", to_string(k.cls))
               .set("intensity_flop_per_byte", k.intensity()).set("tflops", k.flop / (t * 1e-6) / 1e12)
-              .set("time_us", k.time_us);
+              .set("time_us", k.time_us).set("source", k.measured ? "measured" : "modelled");
           pts.push(pj);
         }
       }
@@ -336,15 +360,18 @@ std::string cli_usage() {
 
   epkit-plan [sweep] [--model NAME|FILE] [--gpu G | --single-gpu G --multi-gpu G] [--ep LIST] [--tp LIST]
              [--batch LIST] [--schedule none,dispatch,microbatch] [--query-len N] [--acceptance A]
-             [--context N] [--calibrate BENCH.json [--calibrate-system epkit|nccl|nvshmem]]
+             [--context N] [--calibrate FILE ... [--calibrate-system epkit|nccl|nvshmem]]
              [--eff NAME=V,...] [--csv [--all] | --json]
       Sweeps EP x TP x batch x schedule and prints the Pareto frontier per EP. EPs up to the node size run
       on --single-gpu (default h200), larger ones on --multi-gpu (default h100-sxm).
   epkit-plan explain --model M --gpu G --nodes N --ep E --tp T --batch B [--query-len Q] [--context 5000]
-             [--schedule none|dispatch|microbatch] [--calibrate FILE] [--json]
+             [--schedule none|dispatch|microbatch] [--calibrate FILE ...] [--json]
       Per-layer breakdown of one configuration. --batch counts requests per DP group (= per GPU at TP1).
+      --calibrate (repeatable) reads epkit-bench JSON (measured dispatch/combine), epkit-moe kernel JSON
+      (measured GroupGEMM, router, SiLU-mul kernels) and epkit-moe layer JSON (the measured MoE layer,
+      printed next to the modelled one).
       --query-len defaults to 1 + the model's MTP draft tokens (2 for DeepSeek-V3, 1 for Mixtral).
-  epkit-plan roofline [--gpus h100,h200] [--ep LIST] [--batch LIST] [--json]
+  epkit-plan roofline [--gpus h100,h200] [--ep LIST] [--batch LIST] [--calibrate FILE ...] [--json]
       GEMM and GroupGEMM points of a MoE layer on the rooflines.
   epkit-plan specs
       The built-in GPU and model specs as JSON (a template for user files).

@@ -94,6 +94,31 @@ double transfer_us(const DeployConfig& c, const GpuSpec& g, const Efficiency& e,
   return latency + std::max(t_nvl, t_net) * 1e6;
 }
 
+// epkit runs these kernels with its own MoE kernels, which epkit-moe times standalone: a measured time
+// at the planner's shape replaces the roofline. Where no row applies the model stays, and the note
+// says why (explain prints it).
+void use_measured(KernelCost& k, const Calibration* cal, const KernelQuery& q) {
+  if (cal == nullptr || cal->kernels.empty()) return;
+  const KernelLookup l = lookup_kernel(*cal, q);
+  if (!l.found) {
+    k.note = "modelled: " + l.what;
+    return;
+  }
+  k.time_us = l.time_us;
+  k.measured = true;
+  k.interpolated = l.interpolated;
+  k.note = l.what;
+}
+
+// The grouped GEMM rows are epkit's FP8 block-scaled kernel; a BF16 model's GEMMs are another kernel.
+void use_measured_gemm(KernelCost& k, const ModelSpec& m, const Calibration* cal, const KernelQuery& q) {
+  if (cal != nullptr && !cal->kernels.empty() && m.weight_bytes > 1) {
+    k.note = "modelled: epkit's grouped GEMM rows are FP8, and this model's weights are BF16";
+    return;
+  }
+  use_measured(k, cal, q);
+}
+
 }  // namespace
 
 MoeLayerOps moe_layer_ops(const ModelSpec& m, const GpuSpec& g, const DeployConfig& c, const Efficiency& e, int batch,
@@ -108,6 +133,7 @@ MoeLayerOps moe_layer_ops(const ModelSpec& m, const GpuSpec& g, const DeployConf
   // Router: gate GEMM (BF16 weights) + top-k; every TP rank routes the group's tokens.
   ops.push_back(kernel_op(2, gemm_cost("gate", KernelClass::kRouter, T, h, m.num_routed_experts, 2.0, kAct, 4.0, g, e)));
   ops.push_back(kernel_op(2, elementwise_cost("topk", KernelClass::kRouter, T * m.num_routed_experts * 4.0, g, e)));
+  use_measured(ops.back().kernel, cal, {"router", "", m.num_routed_experts, m.top_k, 1, T, g.name});
 
   // Each TP rank dispatches a disjoint 1/tp share of the group's tokens (seed 000); combine returns
   // every result to every rank of the group.
@@ -139,11 +165,16 @@ MoeLayerOps moe_layer_ops(const ModelSpec& m, const GpuSpec& g, const DeployConf
     }
   }
 
+  // epkit runs the shared expert as a one-group grouped GEMM (src/layer/moe_layer.cu), so its rows apply.
+  const int H = m.hidden, I = m.moe_inter;
   std::vector<Op> shared;
   for (int i = 0; i < m.num_shared_experts; ++i) {
     shared.push_back(kernel_op(3, gemm_cost("shared_gate_up", KernelClass::kSharedExpert, T, h, 2 * inter, wb, ab, kAct, g, e)));
+    use_measured_gemm(shared.back().kernel, m, cal, {"grouped_gemm", "up_gate", 2 * I, H, 1, T, g.name});
     shared.push_back(kernel_op(3, elementwise_cost("shared_silu", KernelClass::kSharedExpert, T * inter * (2 * kAct + ab), g, e)));
+    use_measured(shared.back().kernel, cal, {"silu_mul_quantize", "masked", I, -1, 1, T, g.name});
     shared.push_back(kernel_op(3, gemm_cost("shared_down", KernelClass::kSharedExpert, T, inter, h, wb, ab, kAct, g, e)));
+    use_measured_gemm(shared.back().kernel, m, cal, {"grouped_gemm", "down", H, I, 1, T, g.name});
   }
   if (!shared_after_send) ops.insert(ops.end(), shared.begin(), shared.end());
   ops.push_back(kernel_op(3, d_send));
@@ -154,13 +185,52 @@ MoeLayerOps moe_layer_ops(const ModelSpec& m, const GpuSpec& g, const DeployConf
   ops.push_back(Op{OpKind::kWaitDispatch, 4, {}});
   ops.push_back(kernel_op(4, d_recv));
   const double active = r.active_experts_per_gpu;
+  const double rows_per_group = r.tokens_per_active_expert;
   ops.push_back(kernel_op(4, group_gemm_cost("moe_gate_up", active, copies_in, h, 2 * inter, wb, ab, kAct, g, e)));
+  use_measured_gemm(ops.back().kernel, m, cal, {"grouped_gemm", "up_gate", 2 * I, H, active, rows_per_group, g.name});
   ops.push_back(kernel_op(4, elementwise_cost("moe_silu_quant", KernelClass::kGroupGemm, copies_in * inter * (2 * kAct + ab), g, e)));
+  use_measured(ops.back().kernel, cal, {"silu_mul_quantize", "masked", I, -1, active, rows_per_group, g.name});
   ops.push_back(kernel_op(4, group_gemm_cost("moe_down", active, copies_in, inter, h, wb, ab, kAct, g, e)));
+  use_measured_gemm(ops.back().kernel, m, cal, {"grouped_gemm", "down", H, I, active, rows_per_group, g.name});
   ops.push_back(kernel_op(4, c_send));
   ops.push_back(Op{OpKind::kStartCombine, 4, {}});
   ops.push_back(Op{OpKind::kWaitCombine, 5, {}});
   ops.push_back(kernel_op(5, c_recv));
+  return out;
+}
+
+std::vector<MoeLayerOps> moe_layer_batches(const ModelSpec& m, const GpuSpec& g, const DeployConfig& c,
+                                           const Efficiency& e, const Calibration* cal) {
+  const bool shared_after_send = c.schedule != Schedule::kNoOverlap;
+  if (c.schedule != Schedule::kMicroBatch) return {moe_layer_ops(m, g, c, e, c.batch, shared_after_send, cal)};
+  return {moe_layer_ops(m, g, c, e, (c.batch + 1) / 2, shared_after_send, cal),
+          moe_layer_ops(m, g, c, e, c.batch / 2, shared_after_send, cal)};
+}
+
+bool in_moe_block(const Op& op) { return op.stage >= 3 || (op.kind == OpKind::kKernel && op.kernel.cls == KernelClass::kRouter); }
+
+std::vector<std::pair<std::string, double>> moe_block_steps(const MoeLayerOps& mb) {
+  // epkit-moe's step names, and the planner kernels doing that work. A standalone dispatch or combine
+  // includes its transfer. quantize and add_shared have no planner kernel: the planner folds them into
+  // dispatch-send's and combine-receive's bytes, as seed 001's kernel list does.
+  static const std::vector<std::pair<std::string, std::vector<std::string>>> kSteps = {
+      {"gate", {"gate"}},
+      {"router", {"topk"}},
+      {"dispatch", {"dispatch_send", "dispatch_recv"}},
+      {"gemm_w13", {"moe_gate_up"}},
+      {"silu_mul_quantize", {"moe_silu_quant"}},
+      {"gemm_w2", {"moe_down"}},
+      {"combine", {"combine_send", "combine_recv"}},
+      {"shared_expert", {"shared_gate_up", "shared_silu", "shared_down"}}};
+  std::vector<std::pair<std::string, double>> out;
+  for (const auto& [step, kernels] : kSteps) {
+    double us = step == "dispatch" ? mb.dispatch_transfer_us : step == "combine" ? mb.combine_transfer_us : 0.0;
+    bool any = false;
+    for (const Op& op : mb.ops)
+      if (op.kind == OpKind::kKernel && std::find(kernels.begin(), kernels.end(), op.kernel.name) != kernels.end())
+        us += op.kernel.time_us, any = true;
+    if (any) out.emplace_back(step, us);
+  }
   return out;
 }
 

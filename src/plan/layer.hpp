@@ -1,6 +1,8 @@
 // The kernels of one decode layer for one (micro-)batch, tagged with seed 001's five stages.
 #pragma once
 
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "epkit/plan/calibration.hpp"
@@ -33,6 +35,21 @@ struct MoeLayerOps {
 // dispatch-send and dispatch-receive (dispatch overlap); otherwise it runs before dispatch-send.
 MoeLayerOps moe_layer_ops(const ModelSpec& m, const GpuSpec& g, const DeployConfig& c, const Efficiency& e, int batch,
                           bool shared_after_send, const Calibration* cal);
+
+// The (micro-)batches of one MoE layer under c.schedule: the whole batch, or for the micro-batch schedule
+// two halves of ceil(batch/2) and floor(batch/2) requests. Dispatch overlap and micro-batching put the
+// shared expert after dispatch-send.
+std::vector<MoeLayerOps> moe_layer_batches(const ModelSpec& m, const GpuSpec& g, const DeployConfig& c,
+                                           const Efficiency& e, const Calibration* cal);
+
+// Whether an op belongs to the MoE block epkit's MoELayer runs (gate GEMM to combine-receive, and the
+// shared expert), as opposed to attention and the norms around it.
+bool in_moe_block(const Op& op);
+
+// The planner's time, µs, for each of epkit-moe's layer breakdown steps (gate, router, dispatch,
+// gemm_w13, silu_mul_quantize, gemm_w2, combine, shared_expert) of one (micro-)batch. dispatch and
+// combine include their transfers; steps the planner has no kernel for are absent.
+std::vector<std::pair<std::string, double>> moe_block_steps(const MoeLayerOps& mb);
 
 // Kernels of one dense layer for `batch` requests per DP group (run back to back).
 std::vector<KernelCost> dense_layer_kernels(const ModelSpec& m, const GpuSpec& g, const DeployConfig& c,

@@ -23,6 +23,34 @@ Json string_array(const std::vector<std::string>& v) {
   return a;
 }
 
+Json layer_check_json(const LayerCheck& lc) {
+  const LayerMeasurement& r = lc.row;
+  Json row = Json::object();
+  row.set("source", r.source).set("device", r.device).set("world_size", r.world_size).set("experts", r.experts)
+      .set("batch", r.batch).set("query_len", r.query_len).set("tokens", r.tokens).set("schedule", r.schedule)
+      .set("layout", r.layout).set("us_median", r.us).set("graph_us_median", r.graph_us);
+  Json steps = Json::array();
+  for (const auto& s : lc.steps) {
+    Json js = Json::object();
+    js.set("step", s.step).set("measured_us", s.measured_us)
+        .set("modelled_us", s.modelled_us >= 0 ? Json(s.modelled_us) : Json());
+    steps.push(js);
+  }
+  Json j = Json::object();
+  j.set("match", lc.match).set("row", row).set("measured_us", r.graph_us).set("modelled_us", lc.modelled_us)
+      .set("measured_over_modelled", lc.ratio).set("steps", steps);
+  return j;
+}
+
+std::string mapping_text(const LayerCheck& lc, const PlanPoint& p) {
+  if (lc.match == "exact")
+    return "exact: the row is this point (W = EP = " + std::to_string(p.config.ep) + ", " +
+           std::to_string(lc.row.experts) + " experts per GPU)";
+  return "W=1 proxy: one GPU holding this EP" + std::to_string(p.config.ep) + " rank's " +
+         std::to_string(lc.row.experts) + " experts and its " + std::to_string(lc.row.tokens) +
+         " tokens (the rank's rows per expert, no network)";
+}
+
 }  // namespace
 
 Json to_json(const PlanPoint& p) {
@@ -44,6 +72,7 @@ Json to_json(const PlanPoint& p) {
         .set("intensity_flop_per_byte", k.intensity()).set("time_us", k.time_us)
         .set("bound", k.flop == 0 ? "memory" : (k.compute_bound ? "compute" : "memory"))
         .set("source", k.measured ? "measured" : "modelled");
+    if (!k.note.empty()) jk.set("note", k.note);
     kernels.push(jk);
   }
   Json j = Json::object();
@@ -60,6 +89,7 @@ Json to_json(const PlanPoint& p) {
       .set("tokens_per_active_expert", p.routing.tokens_per_active_expert)
       .set("tokens_per_step", p.tokens_per_step)
       .set("layer_time_us", p.moe_layer_time_us)
+      .set("moe_block_time_us", p.moe_block_time_us)
       .set("dense_layer_time_us", p.dense_layer_time_us)
       .set("head_time_us", p.head_time_us)
       .set("step_time_us", p.step_time_us)
@@ -68,7 +98,9 @@ Json to_json(const PlanPoint& p) {
       .set("layer_breakdown_us", breakdown)
       .set("kernels", kernels)
       .set("measured_terms", string_array(p.measured_terms))
-      .set("modelled_terms", string_array(p.modelled_terms));
+      .set("modelled_terms", string_array(p.modelled_terms))
+      .set("layer_check", p.layer_check ? layer_check_json(*p.layer_check) : Json());
+  if (!p.layer_check_note.empty()) j.set("layer_check_note", p.layer_check_note);
   return j;
 }
 
@@ -94,11 +126,14 @@ std::string explain_text(const PlanPoint& p) {
   for (const auto& [k, v] : p.moe_breakdown_us)
     os << "  " << k << std::string(16 - std::min<size_t>(15, k.size()), ' ') << fmt("%8.1f us", v)
        << fmt("  %5.1f%%", p.moe_layer_time_us > 0 ? 100 * v / p.moe_layer_time_us : 0) << "\n";
+  os << "MoE block alone: " << fmt("%.1f us", p.moe_block_time_us)
+     << " (gate GEMM to combine-receive and the shared expert, as one MoELayer forward)\n";
   os << "\nkernels of one MoE layer, one " << (c.schedule == Schedule::kMicroBatch ? "micro-batch" : "batch") << "\n";
   for (const auto& k : p.moe_kernels)
     os << "  " << k.name << std::string(16 - std::min<size_t>(15, k.name.size()), ' ') << fmt("%8.1f us", k.time_us)
        << "  AI " << fmt("%7.1f", k.intensity()) << " FLOP/B  " << (k.compute_bound ? "compute" : "memory")
-       << (k.measured ? "  measured" : "") << "\n";
+       << (k.measured ? "  measured" + (k.note.empty() ? "" : " (" + k.note + ")") : (k.note.empty() ? "" : "  " + k.note))
+       << "\n";
   os << "\ndense layer " << fmt("%.1f us", p.dense_layer_time_us) << ", head " << fmt("%.1f us", p.head_time_us)
      << ", step " << fmt("%.1f us", p.step_time_us) << ", tokens per step " << fmt("%.2f", p.tokens_per_step) << "\n";
   os << "output speed per request  " << fmt("%.1f tokens/s", p.output_tokens_per_s_per_request) << "\n";
@@ -109,6 +144,31 @@ std::string explain_text(const PlanPoint& p) {
   os << "\nmodelled terms: ";
   for (const auto& t : p.modelled_terms) os << t << " ";
   os << "\n";
+  if (p.layer_check) {
+    const LayerCheck& lc = *p.layer_check;
+    const LayerMeasurement& r = lc.row;
+    os << "\nmeasured MoE layer (epkit-moe, " << (r.source.empty() ? "calibration" : r.source) << ")\n";
+    os << "  row        W=" << r.world_size << ", " << r.experts << " experts, batch " << r.batch << ", query_len "
+       << r.query_len << ", schedule " << r.schedule << ", layout " << r.layout
+       << (r.device.empty() ? "" : ", " + r.device) << "\n";
+    os << "  mapping    " << mapping_text(lc, p) << "\n";
+    os << "  measured   " << fmt("%.1f us", r.graph_us) << " replayed from a CUDA graph (" << fmt("%.1f us", r.us)
+       << " launched from the host)\n";
+    os << "  modelled   " << fmt("%.1f us", lc.modelled_us) << ", the planner's MoE block for the row's configuration\n";
+    os << "  measured / modelled  " << fmt("%.3f", lc.ratio) << "\n";
+    if (!lc.steps.empty()) {
+      os << "  step                 measured   modelled\n";
+      for (const auto& st : lc.steps) {
+        char line[160];
+        std::snprintf(line, sizeof line, "  %-18s %10.1f %10s%s\n", st.step.c_str(), st.measured_us,
+                      st.modelled_us >= 0 ? fmt("%.1f", st.modelled_us).c_str() : "-",
+                      st.modelled_us >= 0 ? "" : "  (no planner kernel)");
+        os << line;
+      }
+    }
+  } else if (!p.layer_check_note.empty()) {
+    os << "\nmeasured MoE layer: none (" << p.layer_check_note << ")\n";
+  }
   return os.str();
 }
 
@@ -121,7 +181,8 @@ std::string csv(const std::vector<PlanPoint>& points, const std::vector<size_t>&
   static const char* kCategories[] = {"attention", "gemm", "group_gemm", "shared_expert", "router",
                                       "elementwise", "dispatch", "combine", "tp_allreduce"};
   for (const char* k : kCategories) os << "," << k << "_us";
-  os << "\n";
+  // The MoE block and, with a layer calibration, its measured counterpart (empty when none matched).
+  os << ",moe_block_us,layer_match,measured_layer_us,modelled_layer_us,measured_over_modelled\n";
   for (size_t i : rows) {
     const auto& p = points[i];
     std::string measured;
@@ -138,6 +199,13 @@ std::string csv(const std::vector<PlanPoint>& points, const std::vector<size_t>&
       for (const auto& [name, us] : p.moe_breakdown_us)
         if (name == k) v = us;
       os << "," << fmt("%.2f", v);
+    }
+    os << "," << fmt("%.2f", p.moe_block_time_us);
+    if (p.layer_check) {
+      os << "," << p.layer_check->match << "," << fmt("%.2f", p.layer_check->row.graph_us) << ","
+         << fmt("%.2f", p.layer_check->modelled_us) << "," << fmt("%.4f", p.layer_check->ratio);
+    } else {
+      os << ",,,,";
     }
     os << "\n";
   }

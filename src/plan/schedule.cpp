@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <map>
+#include <utility>
 
 #include "epkit/error.hpp"
 
@@ -20,9 +21,11 @@ struct Replay {
   };
   std::vector<Pending> pending;
 
+  bool block_only = false;  // replay only the MoE block (in_moe_block), as MoELayer::forward runs it
+
   void run_stage(const MoeLayerOps& mb, size_t mb_idx, int stage) {
     for (const Op& op : mb.ops) {
-      if (op.stage != stage) continue;
+      if (op.stage != stage || (block_only && !in_moe_block(op))) continue;
       switch (op.kind) {
         case OpKind::kKernel:
           now += op.kernel.time_us;
@@ -79,6 +82,25 @@ ScheduleResult simulate_moe_layer(const std::vector<const MoeLayerOps*>& mbs) {
   const int measured = kLayers - kWarm;
   out.layer_time_us = (r.now - t0) / measured;
   for (const auto& [k, v] : r.spent) out.breakdown_us.emplace_back(k, (v - spent0[k]) / measured);
+  return out;
+}
+
+ScheduleResult simulate_moe_block(const std::vector<const MoeLayerOps*>& mbs) {
+  EPKIT_CHECK(mbs.size() == 1 || mbs.size() == 2, "MoE block replay takes 1 or 2 micro-batches, got ", mbs.size());
+  Replay r;
+  r.block_only = true;
+  r.pending.resize(mbs.size());
+  if (mbs.size() == 1) {
+    for (int s = 2; s <= 5; ++s) r.run_stage(*mbs[0], 0, s);
+  } else {
+    // MoELayer::forward's MoE-only interleaving (src/layer/moe_layer.cu): route and send both halves,
+    // then both halves' experts, then both combine-receives.
+    static constexpr std::pair<int, int> kOrder[] = {{0, 2}, {0, 3}, {1, 2}, {1, 3}, {0, 4}, {1, 4}, {0, 5}, {1, 5}};
+    for (const auto& [mb, stage] : kOrder) r.run_stage(*mbs[mb], mb, stage);
+  }
+  ScheduleResult out;
+  out.layer_time_us = r.now;
+  for (const auto& [k, v] : r.spent) out.breakdown_us.emplace_back(k, v);
   return out;
 }
 

@@ -20,4 +20,9 @@ struct ScheduleResult {
 // transfers proceed while the other half computes. Kernels are serial on the GPU; transfers are not.
 ScheduleResult simulate_moe_layer(const std::vector<const MoeLayerOps*>& micro_batches);
 
+// The MoE block alone (in_moe_block: gate GEMM to combine-receive and the shared expert), one forward as
+// epkit's MoELayer runs it: one micro-batch's stages in order, or for two the MoE-only interleaving
+// A-route A-send B-route B-send A-experts B-experts A-combine B-combine. No attention hides anything.
+ScheduleResult simulate_moe_block(const std::vector<const MoeLayerOps*>& micro_batches);
+
 }  // namespace epkit::plan

@@ -106,3 +106,30 @@ TEST(PlanCalibration, MalformedRowsNameTheField) {
                 .find("rows[0].tokens = 0"), std::string::npos);
   EXPECT_THROW(load_calibration("/nonexistent/bench.json", m), epkit::Error);
 }
+
+TEST(PlanCalibration, BenchPresetsMatchByTheirShapeFields) {
+  // epkit-bench names workloads ("decode", "prefill"), not models; its rows carry the shape. These rows
+  // are synthetic, with the field names and values epkit-bench writes.
+  const ModelSpec m = load_model("deepseek-v3");
+  auto decode = [](const std::string& preset, int hidden, int experts, int topk, const std::string& path,
+                   const std::string& dtype, int tokens) {
+    return R"({"preset":")" + preset + R"(","tokens":)" + std::to_string(tokens) +
+           R"(,"world_size":2,"system":"epkit","dp_size":1,"hidden":)" + std::to_string(hidden) + R"(,"experts":)" +
+           std::to_string(experts) + R"(,"topk":)" + std::to_string(topk) + R"(,"dispatch_dtype":")" + dtype +
+           R"(","combine_dtype":"bf16","routing":"uniform","path":")" + path +
+           R"(","dispatch_us_median":20,"combine_us_median":21,"total_us_median":41})";
+  };
+  const Calibration cal = calibration_from_json(
+      bench(decode("decode", 7168, 256, 8, "auto", "fp8_e4m3", 1) + "," +
+            decode("decode-v2lite", 2048, 64, 6, "auto", "fp8_e4m3", 2) + "," +
+            decode("decode", 7168, 256, 8, "auto+weights-at-dispatch", "fp8_e4m3", 3) + "," +
+            decode("decode", 7168, 256, 8, "auto", "bf16", 4) + "," + decode("prefill", 7168, 256, 8, "auto", "fp8_e4m3", 4096)),
+      m);
+  ASSERT_EQ(cal.comm.size(), 2u);
+  EXPECT_EQ(cal.comm[0].tokens, 1);
+  EXPECT_EQ(cal.comm[1].tokens, 4096);
+  // The V2-Lite rows are that model's.
+  ModelSpec lite = m;
+  lite.name = "v2-lite", lite.hidden = 2048, lite.num_routed_experts = 64, lite.top_k = 6;
+  EXPECT_EQ(calibration_from_json(bench(decode("decode-v2lite", 2048, 64, 6, "auto", "fp8_e4m3", 2)), lite).comm.size(), 1u);
+}

@@ -1,6 +1,7 @@
 // The planner's main entry: evaluate one deployment and return its speed, throughput, memory and breakdown.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -13,6 +14,22 @@
 #include "epkit/plan/specs.hpp"
 
 namespace epkit::plan {
+
+// One step of epkit-moe's layer breakdown next to the planner's time for the same work.
+struct StepCheck {
+  std::string step;         // epkit-moe's step name: gate, router, quantize, dispatch, gemm_w13, ...
+  double measured_us = 0;   // the step alone in a CUDA graph (epkit-moe)
+  double modelled_us = -1;  // the planner's kernels for that work, µs; -1 when it has none (quantize, add_shared)
+};
+
+// A measured MoE layer (epkit-moe layer JSON) next to the planner's model of the same configuration.
+struct LayerCheck {
+  std::string match;         // "exact": the row is this point; "w1_proxy": one GPU with this EP's local experts and tokens
+  LayerMeasurement row;      // the measured row (graph_us is the number compared)
+  double modelled_us = 0;    // the planner's MoE block for the row's configuration, µs
+  double ratio = 0;          // row.graph_us / modelled_us
+  std::vector<StepCheck> steps;  // in the row's breakdown order (schedule none rows have one)
+};
 
 // Everything the planner says about one configuration.
 struct PlanPoint {
@@ -32,6 +49,8 @@ struct PlanPoint {
   // time
   double tokens_per_step = 0;        // expected accepted tokens per request per step
   double moe_layer_time_us = 0;      // one MoE layer under the schedule, µs
+  double moe_block_time_us = 0;      // its MoE block alone (gate GEMM to combine, shared expert) as one
+                                     // MoELayer::forward: no attention to overlap with, µs
   double dense_layer_time_us = 0;    // one dense layer, µs (0 when the model has none)
   double head_time_us = 0;           // LM head and sampling once per step, µs
   double step_time_us = 0;           // one decode step, µs
@@ -43,6 +62,9 @@ struct PlanPoint {
   std::vector<KernelCost> moe_kernels;  // kernels of one MoE layer for one (micro-)batch
   std::vector<std::string> measured_terms;
   std::vector<std::string> modelled_terms;
+  // With layer rows in the calibration: the measured layer for this point, or why there is none.
+  std::optional<LayerCheck> layer_check;
+  std::string layer_check_note;
 };
 
 // Evaluates one configuration. Throws epkit::Error when the config is invalid (validate()); a config that is

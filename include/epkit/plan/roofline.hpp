@@ -23,6 +23,8 @@ struct KernelCost {
   double time_us = 0;         // time on the GPU, µs, launch cost included
   bool compute_bound = false; // the FLOP term was the larger one
   bool measured = false;      // time_us came from a calibration file
+  bool interpolated = false;  // measured, between two measured points
+  std::string note;           // measured: which rows; modelled under a kernel calibration: why no row applied
   // Arithmetic intensity, FLOP per byte (0 when bytes == 0).
   double intensity() const { return bytes > 0 ? flop / bytes : 0; }
 };
