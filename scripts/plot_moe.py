@@ -1,0 +1,132 @@
+#!/usr/bin/env python3
+"""Plots of epkit-moe's JSON (needs matplotlib).
+
+  scripts/plot_moe.py kernels bench/results/moe-h200-latest.json -o docs/img/moe_gemm_h200.png
+      grouped GEMM: weight bandwidth against rows per expert (decode regime) and TFLOP/s (large m),
+      epkit against torch._scaled_grouped_mm and bf16 torch.bmm, with the measured ceilings.
+  scripts/plot_moe.py layer bench/results/moe-layer-h200-latest.json -o docs/img/moe_layer_h200.png
+      the MoE layer: per-kernel breakdown as stacked bars (schedule none) and every schedule's
+      graph-replayed latency against batch.
+"""
+import argparse
+import json
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+SYSTEMS = [("epkit", "epkit (CUTLASS grouped, 128x128 block scales)", "C0"),
+           ("torch_scaled_grouped_mm", "torch._scaled_grouped_mm (row-wise FP8)", "C1"),
+           ("torch_bmm_bf16", "torch.bmm bf16 (2x weight bytes)", "C2")]
+
+
+def plot_kernels(doc, out):
+    ceil = doc["ceilings"]
+    rows = [r for r in doc["rows"] if r["kernel"] == "grouped_gemm" and r.get("us_median")]
+    fig, axes = plt.subplots(2, 2, figsize=(13, 9))
+    for col, shape in enumerate(["up_gate", "down"]):
+        n, k = (4096, 7168) if shape == "up_gate" else (7168, 2048)
+        ax_bw, ax_tf = axes[0][col], axes[1][col]
+        for G, style in [(32, "-"), (16, "--")]:
+            for sysname, label, color in SYSTEMS:
+                pts = sorted((r["m"], r["weight_GBps"], r["TFLOPs"]) for r in rows
+                             if r["system"] == sysname and r["variant"] == shape and r["G"] == G)
+                if not pts:
+                    continue
+                ms = [p[0] for p in pts]
+                ax_bw.plot(ms, [p[1] for p in pts], style, marker="o", ms=3, color=color,
+                           label=f"{label}, G={G}")
+                ax_tf.plot(ms, [p[2] for p in pts], style, marker="o", ms=3, color=color,
+                           label=f"{label}, G={G}")
+        ax_bw.axhline(ceil["hbm_read_GBps"], color="k", lw=1, ls=":")
+        ax_bw.text(1, ceil["hbm_read_GBps"] * 1.01, f"HBM read {ceil['hbm_read_GBps']:.0f} GB/s", fontsize=8)
+        ax_bw.axhline(0.9 * ceil["hbm_read_GBps"], color="grey", lw=0.8, ls="--")
+        ax_bw.text(1, 0.9 * ceil["hbm_read_GBps"] * 1.01, "90% target", fontsize=8, color="grey")
+        ax_bw.set_xscale("log", base=2)
+        ax_bw.set_ylim(0, ceil["hbm_read_GBps"] * 1.1)
+        ax_bw.set_title(f"{shape} (N {n}, K {k}): weight bytes / time")
+        ax_bw.set_xlabel("rows per expert m")
+        ax_bw.set_ylabel("GB/s of weights")
+        ax_tf.axhline(ceil["fp8_dense_TFLOPs"], color="k", lw=1, ls=":")
+        ax_tf.text(1, ceil["fp8_dense_TFLOPs"] * 1.01, f"cuBLASLt FP8 8192^3 {ceil['fp8_dense_TFLOPs']:.0f} TFLOP/s",
+                   fontsize=8)
+        ax_tf.axhline(0.8 * ceil["fp8_dense_TFLOPs"], color="grey", lw=0.8, ls="--")
+        ax_tf.set_xscale("log", base=2)
+        ax_tf.set_ylim(0, ceil["fp8_dense_TFLOPs"] * 1.1)
+        ax_tf.set_title(f"{shape}: TFLOP/s")
+        ax_tf.set_xlabel("rows per expert m")
+        ax_tf.set_ylabel("TFLOP/s")
+    axes[0][0].legend(fontsize=7, loc="lower right")
+    meta = doc.get("meta", {})
+    fig.suptitle(f"Grouped FP8 GEMM, DeepSeek-V3 experts, masked layout: {meta.get('device', '')}, "
+                 f"commit {meta.get('commit', '?')}, {meta.get('date_utc', '')}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+
+
+STEP_COLORS = {"gate": "C7", "router": "C8", "quantize": "C9", "dispatch": "C4", "combine": "C6",
+               "gemm_w13": "C0", "silu_mul_quantize": "C2", "gemm_w2": "C1", "shared_expert": "C3",
+               "add_shared": "C5"}
+
+
+def plot_layer(doc, out):
+    rows = doc["rows"]
+    fig, axes = plt.subplots(2, 2, figsize=(14, 9))
+    for col, E in enumerate([256, 32]):
+        ax = axes[0][col]
+        pts = [r for r in rows if r["experts"] == E and r["schedule"] == "none" and r["layout"] == "masked"
+               and r.get("breakdown")]
+        pts.sort(key=lambda r: (r["query_len"], r["batch"]))
+        labels = [f"b{r['batch']}\nq{r['query_len']}" for r in pts]
+        bottom = [0.0] * len(pts)
+        for step in STEP_COLORS:
+            vals = [next((s["us_median"] for s in r["breakdown"] if s["step"] == step), 0.0) for r in pts]
+            ax.bar(range(len(pts)), vals, bottom=bottom, color=STEP_COLORS[step], label=step)
+            bottom = [b + v for b, v in zip(bottom, vals)]
+        ax.plot(range(len(pts)), [r["graph_us_median"] for r in pts], "k_", ms=18, mew=2,
+                label="whole layer, graph replay")
+        ax.plot(range(len(pts)), [r["weight_bound_us"] for r in pts], "r_", ms=18, mew=2,
+                label="touched weights at HBM read ceiling")
+        ax.set_xticks(range(len(pts)))
+        ax.set_xticklabels(labels, fontsize=7)
+        ax.set_ylabel("us per layer")
+        ax.set_title(f"E = {E} on one GPU: per-kernel breakdown (schedule none, masked)")
+        if col == 0:
+            ax.legend(fontsize=7, ncol=2)
+        ax2 = axes[1][col]
+        for sched, color in [("none", "C0"), ("dispatch_overlap", "C1"), ("microbatch", "C3")]:
+            for q, style in [(1, "-"), (2, "--")]:
+                p = sorted((r["batch"], r["graph_us_median"]) for r in rows if r["experts"] == E and
+                           r["schedule"] == sched and r["layout"] == "masked" and r["query_len"] == q)
+                if p:
+                    ax2.plot([x[0] for x in p], [x[1] for x in p], style, marker="o", ms=3, color=color,
+                             label=f"{sched}, q={q}")
+        ax2.set_xscale("log", base=2)
+        ax2.set_xlabel("batch per rank")
+        ax2.set_ylabel("us per layer (graph replay)")
+        ax2.set_title(f"E = {E}: schedules at world size 1 (no network to hide)")
+        ax2.legend(fontsize=7)
+    meta = doc.get("meta", {})
+    fig.suptitle(f"MoELayer, DeepSeek-V3 shapes + 1 shared expert, W = 1: {meta.get('device', '')}, "
+                 f"commit {meta.get('commit', '?')}, {meta.get('date_utc', '')}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("what", choices=["kernels", "layer"])
+    ap.add_argument("json")
+    ap.add_argument("-o", "--out", required=True)
+    a = ap.parse_args()
+    with open(a.json) as f:
+        doc = json.load(f)
+    (plot_kernels if a.what == "kernels" else plot_layer)(doc, a.out)
+    print(f"wrote {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
