@@ -13,6 +13,8 @@
 #   moe-quick    epkit-moe kernels --quick
 #   layer-bench  epkit-moe layer into bench/results/moe-layer-h200-latest.json
 #   comm-w1      epkit-bench at W = 1, both layouts, into bench/results/h200-w1-latest.json
+#   comm-x2      (2 GPUs, issue #17) epkit-bench at EP2 with the baselines, both layouts, + weights at dispatch
+#   layer-x2     (2 GPUs, issue #17) epkit-moe layer at EP2, 128 local experts per rank
 # Usage: scripts/gpu-session.sh LOGDIR PHASE... ; env BUILD (default build-gpu), PHASE_TIMEOUT (s).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -57,6 +59,11 @@ for p in "$@"; do
         cp bench/results/moe-layer-h200-latest.json $LOG/" ;;
     comm-w1) phase comm-w1 "${PHASE_TIMEOUT:-300}" "$BUILD/bin/epkit-run -n 1 -- $BUILD/bin/epkit-bench --preset decode,decode-v2lite,prefill --layout masked,packed --json bench/results/h200-w1-latest.json && \
         cp bench/results/h200-w1-latest.json $LOG/" ;;
+    comm-x2) phase comm-x2 "${PHASE_TIMEOUT:-420}" "$BUILD/bin/epkit-run -n 2 -- $BUILD/bin/epkit-bench --preset decode,decode-v2lite,prefill --layout masked,packed --json bench/results/h200x2-latest.json && \
+        $BUILD/bin/epkit-run -n 2 -- $BUILD/bin/epkit-bench --preset decode --weights-at-dispatch --no-baselines --json $LOG/h200x2-wad.json && \
+        cp bench/results/h200x2-latest.json $LOG/" ;;
+    layer-x2) phase layer-x2 "${PHASE_TIMEOUT:-540}" "$BUILD/bin/epkit-run -n 2 -- $BUILD/bin/epkit-moe layer --experts 128 --json bench/results/moe-layer-h200x2-latest.json && \
+        cp bench/results/moe-layer-h200x2-latest.json $LOG/" ;;
     *) echo "unknown phase $p" | tee -a "$SUMMARY" ;;
   esac
 done

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 
 #include "epkit/communicator.hpp"
@@ -46,9 +47,10 @@ struct Weights {
     cuda_check(cudaStreamSynchronize(st), "weight quantization");
   }
 
-  Weights(int E, cudaStream_t st) {
-    make(w13, w13s, E, 2 * kI, kH, 1000, st);
-    make(w2, w2s, E, kH, kI, 2000, st);
+  Weights(int E, cudaStream_t st, int rank) {
+    const uint64_t r = static_cast<uint64_t>(rank) << 20;
+    make(w13, w13s, E, 2 * kI, kH, 1000 + r, st);
+    make(w2, w2s, E, kH, kI, 2000 + r, st);
     make(sw13, sw13s, 1, 2 * kI, kH, 3000, st);
     make(sw2, sw2s, 1, kH, kI, 4000, st);
     gate = Buffer(size_t(E) * kH * 2);
@@ -73,13 +75,15 @@ struct Weights {
   }
 };
 
-MoELayerConfig deepseek_config(int E, int max_tokens, MoESchedule sched, ExpertLayout layout) {
+// E_local experts on each of the communicator's ranks (E_local * W routed experts in all).
+MoELayerConfig deepseek_config(const Communicator& comm, int E_local, int max_tokens, MoESchedule sched,
+                               ExpertLayout layout) {
   MoELayerConfig c;
-  c.hidden = kH, c.intermediate = kI, c.num_experts = E, c.topk = kTopK;
+  c.hidden = kH, c.intermediate = kI, c.num_experts = E_local * comm.world_size(), c.topk = kTopK;
   c.router_mode = moe::RouterMode::kGroupedTopK;
   c.num_groups = 8, c.topk_groups = 4, c.routed_scaling = 2.5f;
   c.num_shared_experts = 1, c.shared_intermediate = kI;
-  c.world_size = 1, c.rank = 0, c.dp_size = 1;
+  c.world_size = comm.world_size(), c.rank = comm.rank(), c.dp_size = 1;
   c.max_tokens_per_rank = max_tokens;
   c.schedule = sched;
   c.layout = layout;
@@ -108,15 +112,31 @@ Timing time_forward(MoELayer& layer, const MoEBatch& b, cudaStream_t s, int n) {
   return Timing{sm.median, sm.p99, sm.min, 1, n};
 }
 
+// The slowest rank's value (every rank gets it).
+double slowest(const Communicator& comm, double v) {
+  std::vector<double> all(comm.world_size());
+  comm.allgather(&v, sizeof v, all.data());
+  return *std::max_element(all.begin(), all.end());
+}
+
+bool g_rank0 = true;
+
 }  // namespace
 
+bool layer_rank0() { return g_rank0; }
 const std::vector<LayerRow>& last_layer_rows() { return g_rows; }
 std::function<void()> g_layer_checkpoint;
 void set_layer_checkpoint(std::function<void()> f) { g_layer_checkpoint = std::move(f); }
 
 std::vector<Row> bench_layer(const Options& o, const Ceilings& c, const L2Flush& f, cudaStream_t) {
   g_rows.clear();
-  Communicator comm = Communicator::from_unique_id(0, 1, make_unique_id());
+  // Under epkit-run (WORLD_SIZE > 1) every rank holds `experts` of the E = experts * W experts; alone,
+  // one rank holds them all. Each figure is the slowest rank's.
+  const char* ws_env = std::getenv("WORLD_SIZE");
+  const bool multi = ws_env && std::atoi(ws_env) > 1;
+  Communicator comm = multi ? Communicator::from_env() : Communicator::from_unique_id(0, 1, make_unique_id());
+  g_rank0 = comm.rank() == 0;
+  const int W = comm.world_size();
   // Streams and events of the layer runs are made after NVSHMEM is up (it may make its own context
   // current): a stream made before it and events made after would not time together.
   cudaStream_t s = nullptr;
@@ -125,39 +145,42 @@ std::vector<Row> bench_layer(const Options& o, const Ceilings& c, const L2Flush&
   const int max_q = *std::max_element(o.query_lens.begin(), o.query_lens.end());
   const int M = std::max(2, max_b * max_q);
   Buffer x(size_t(M) * kH * 2), out(size_t(M) * kH * 2), mdev(4);
-  fill_uniform(x.get(), DType::kBF16, size_t(M) * kH, 77, -1.f, 1.f, s);
+  fill_uniform(x.get(), DType::kBF16, size_t(M) * kH, 77 + 1000 * comm.rank(), -1.f, 1.f, s);
   for (int E : o.experts) {
-    std::printf("== MoE layer, W = 1, E = %d (DeepSeek-V3 shapes, one shared expert), M = %d\n", E, M);
-    const Weights w(E, s);
+    if (g_rank0)
+      std::printf("== MoE layer, W = %d, %d experts per GPU (E = %d, DeepSeek-V3 shapes, one shared expert), M = %d\n",
+                  W, E, E * W, M);
+    const Weights w(E, s, comm.rank());
     struct Variant { MoESchedule sched; ExpertLayout layout; };
     std::vector<Variant> variants;
     for (const std::string& sn : o.schedules) variants.push_back({parse_schedule(sn), ExpertLayout::kMasked});
     variants.push_back({MoESchedule::kNone, ExpertLayout::kPacked});
     for (const Variant& v : variants) {
-      MoELayer layer(comm, deepseek_config(E, M, v.sched, v.layout), w.views);
+      MoELayer layer(comm, deepseek_config(comm, E, M, v.sched, v.layout), w.views);
       for (int q : o.query_lens) {
         for (int b : o.batches) {
           const int T = b * q;
           if (v.sched == MoESchedule::kMicrobatch && T < 2) continue;
           LayerRow r;
           r.schedule = schedule_name(v.sched), r.layout = layout_name(v.layout);
-          r.world_size = 1, r.experts = E, r.batch = b, r.query_len = q, r.tokens = T;
+          r.world_size = W, r.experts = E, r.batch = b, r.query_len = q, r.tokens = T;
           MoEBatch batch;
           batch.x = Tensor(x.get(), DType::kBF16, {T, kH});
           batch.out = Tensor(out.get(), DType::kBF16, {T, kH});
           batch.num_tokens = T;
           const Timing ev = time_forward(layer, batch, s, 30);
           layer.check();
-          r.us_median = ev.us_median, r.us_p99 = ev.us_p99;
+          r.us_median = slowest(comm, ev.us_median), r.us_p99 = slowest(comm, ev.us_p99);
           int calls = 0, replays = 0;
           pick_repeats(r.us_median, calls, replays);
           const Timing g = time_graph(s, f, calls, replays, [&](int, cudaStream_t st) { layer.forward(batch, st); });
-          r.graph_us_median = g.us_median, r.graph_us_p99 = g.us_p99;
+          r.graph_us_median = slowest(comm, g.us_median), r.graph_us_p99 = slowest(comm, g.us_p99);
           // The experts with tokens (the weights a forward must read), from the last forward.
           int touched = 0;
           for (int n : layer.expert_counts(0)) touched += n > 0;
           if (v.sched == MoESchedule::kMicrobatch)
             for (int n : layer.expert_counts(1)) touched += 0 * n;  // the weights are read once per half: see note
+          touched = static_cast<int>(slowest(comm, touched));  // the rank that reads the most
           r.weight_bytes_touched = static_cast<double>(touched) * w.expert_bytes + w.shared_bytes + w.gate_bytes;
           r.weight_bound_us = r.weight_bytes_touched / (c.hbm_read_GBps * 1e3);
           // Breakdown: every kernel of the layer alone, in a graph, with this forward's arguments.
@@ -169,25 +192,26 @@ std::vector<Row> bench_layer(const Options& o, const Ceilings& c, const L2Flush&
               pick_repeats(r.us_median / 4, sc, sr);
               if (steps[i].pair && i + 1 < steps.size()) {
                 const PartsTiming pt = time_graph_parts(s, f, sc, sr, {steps[i].run, steps[i + 1].run});
-                r.steps.push_back({steps[i].name, pt.part_us_median[0]});
-                r.steps.push_back({steps[i + 1].name, pt.part_us_median[1]});
+                r.steps.push_back({steps[i].name, slowest(comm, pt.part_us_median[0])});
+                r.steps.push_back({steps[i + 1].name, slowest(comm, pt.part_us_median[1])});
                 ++i;
               } else {
                 const Timing t = time_graph(s, f, sc, sr, [&](int, cudaStream_t st) { steps[i].run(st); });
-                r.steps.push_back({steps[i].name, t.us_median});
+                r.steps.push_back({steps[i].name, slowest(comm, t.us_median)});
               }
             }
             for (const LayerStep& st : r.steps) r.steps_us_sum += st.us_median;
             r.graph_over_steps = r.graph_us_median / r.steps_us_sum;
           }
           layer.check();
-          std::printf("  %-16s %-6s E=%-3d batch=%-4d q=%d: forward %8.1f us, graph %8.1f us, kernels %8.1f us "
+          if (g_rank0)
+            std::printf("  %-16s %-6s E=%-3d batch=%-4d q=%d: forward %8.1f us, graph %8.1f us, kernels %8.1f us "
                       "(x%.2f), weights at HBM %8.1f us (%d experts touched)\n",
                       r.schedule.c_str(), r.layout.c_str(), E, b, q, r.us_median, r.graph_us_median, r.steps_us_sum,
                       r.graph_over_steps, r.weight_bound_us, touched);
           std::fflush(stdout);
           g_rows.push_back(r);
-          if (g_layer_checkpoint) g_layer_checkpoint();  // the JSON so far, in case the run is cut short
+          if (g_layer_checkpoint && g_rank0) g_layer_checkpoint();  // the JSON so far, in case the run is cut short
         }
       }
       // One graph for every m through the device count: captured at the largest bucket (M rows),
@@ -207,11 +231,12 @@ std::vector<Row> bench_layer(const Options& o, const Ceilings& c, const L2Flush&
             pick_repeats(200, calls, replays);
             const Timing g = time_graph(s, f, calls, replays, [&](int, cudaStream_t st) { layer.forward(batch, st); });
             layer.check();
+            const double devm_us = slowest(comm, g.us_median);
             for (LayerRow& r : g_rows)
               if (r.experts == E && r.batch == b && r.query_len == q && r.schedule == schedule_name(v.sched) &&
                   r.layout == layout_name(v.layout))
                 r.note = "one graph for all m (device count, " + std::to_string(M) + "-row bucket): " +
-                         std::to_string(g.us_median) + " us";
+                         std::to_string(devm_us) + " us";
           }
       }
     }

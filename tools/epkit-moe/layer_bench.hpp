@@ -16,7 +16,9 @@ namespace epkit::moebench {
 std::vector<Row> bench_layer(const Options& o, const Ceilings& c, const L2Flush& f, cudaStream_t s);
 // The layer rows of the last bench_layer() run (written by main as the layer JSON).
 const std::vector<LayerRow>& last_layer_rows();
-// Called after every layer row (main writes the JSON so far).
+// Whether this process writes the results (rank 0 under epkit-run; always alone).
+bool layer_rank0();
+// Called after every layer row on rank 0 (main writes the JSON so far).
 void set_layer_checkpoint(std::function<void()> f);
 
 }  // namespace epkit::moebench

@@ -82,7 +82,7 @@ int run(const std::vector<std::string>& argv) {
     rows = bench_layer(o, c, flush, s);
   }
   cudaStreamDestroy(s);
-  if (!o.json.empty()) {
+  if (!o.json.empty() && (o.mode != "layer" || layer_rank0())) {
     plan::Json old;
     const bool merge = !o.merge.empty();
     if (merge) old = plan::read_json_file(o.merge);
