@@ -6,6 +6,7 @@
 #include "epkit/error.hpp"
 #include "epkit/layout.hpp"
 #include "epkit/moe_layer.hpp"
+#include "layer/sizes.hpp"
 
 namespace epkit {
 
@@ -123,6 +124,49 @@ void check_weights(const MoELayerConfig& c, const MoELayerWeights& w) {
   } else {
     EPKIT_CHECK(!w.gate_bias.defined(), "MoELayerWeights.gate_bias is given but the softmax router takes no bias");
   }
+}
+
+}  // namespace epkit
+
+namespace epkit {
+
+layer::HalfSizes layer::half_sizes(const MoELayerConfig& c, const AllToAllConfig& a) {
+  HalfSizes s;
+  const int E = c.num_experts, K = c.topk, H = c.hidden, I = c.intermediate, Is = shared_intermediate(c);
+  const int L = num_local_experts(c);
+  s.rows = a.max_tokens_per_rank;
+  s.xrows = expert_rows(a);
+  const size_t R = static_cast<size_t>(s.rows), X = static_cast<size_t>(s.xrows);
+  s.parts = {{"logits", R * E * 4},
+             {"topk_idx", R * K * 4},
+             {"topk_weights", R * K * 4},
+             {"m_used", 16},
+             {"xq", R * H},
+             {"xs", R * (H / 128) * 4},
+             {"expert_x", X * H},
+             {"expert_x_scale", X * (H / 128) * 4},
+             {"expert_num_tokens", static_cast<size_t>(L) * 4},
+             {"expert_offsets", static_cast<size_t>(L + 1) * 4},
+             {"h", X * 2 * I * 2},
+             {"act", X * I},
+             {"act_scale", X * (I / 128) * 4},
+             {"expert_y", X * H * 2}};
+  if (c.num_shared_experts > 0) {
+    s.parts.insert(s.parts.end(), {{"shared_h", R * 2 * Is * 2},
+                                   {"shared_act", R * Is},
+                                   {"shared_act_scale", R * (Is / 128) * 4},
+                                   {"shared_y", R * H * 2}});
+  }
+  return s;
+}
+
+size_t layer_workspace_bytes(const MoELayerConfig& c) {
+  validate(c);
+  const int halves = c.schedule == MoESchedule::kMicrobatch ? 2 : 1;
+  size_t total = 0;
+  const layer::HalfSizes s = layer::half_sizes(c, all_to_all_config(c, microbatch_split(c)));
+  for (const auto& p : s.parts) total += align_up(p.second, 256);
+  return total * halves;
 }
 
 }  // namespace epkit

@@ -18,6 +18,7 @@
 #include "epkit/moe/quant.hpp"
 #include "epkit/moe/router.hpp"
 #include "layer/layer_kernels.hpp"
+#include "layer/sizes.hpp"
 #include "transport/cuda_check.hpp"
 
 namespace epkit {
@@ -47,53 +48,7 @@ class Arena {
   size_t total_ = 0, used_ = 0;
 };
 
-// Sizes of one half's buffers (rows: its most tokens; xrows: rows of the expert-major tensors).
-struct HalfSizes {
-  int rows = 0;
-  int64_t xrows = 0;
-  std::vector<std::pair<const char*, size_t>> parts;
-};
-
-HalfSizes half_sizes(const MoELayerConfig& c, const AllToAllConfig& a) {
-  HalfSizes s;
-  const int E = c.num_experts, K = c.topk, H = c.hidden, I = c.intermediate, Is = shared_intermediate(c);
-  const int L = num_local_experts(c);
-  s.rows = a.max_tokens_per_rank;
-  s.xrows = expert_rows(a);
-  const size_t R = static_cast<size_t>(s.rows), X = static_cast<size_t>(s.xrows);
-  s.parts = {{"logits", R * E * 4},
-             {"topk_idx", R * K * 4},
-             {"topk_weights", R * K * 4},
-             {"m_used", 16},
-             {"xq", R * H},
-             {"xs", R * (H / 128) * 4},
-             {"expert_x", X * H},
-             {"expert_x_scale", X * (H / 128) * 4},
-             {"expert_num_tokens", static_cast<size_t>(L) * 4},
-             {"expert_offsets", static_cast<size_t>(L + 1) * 4},
-             {"h", X * 2 * I * 2},
-             {"act", X * I},
-             {"act_scale", X * (I / 128) * 4},
-             {"expert_y", X * H * 2}};
-  if (c.num_shared_experts > 0) {
-    s.parts.insert(s.parts.end(), {{"shared_h", R * 2 * Is * 2},
-                                   {"shared_act", R * Is},
-                                   {"shared_act_scale", R * (Is / 128) * 4},
-                                   {"shared_y", R * H * 2}});
-  }
-  return s;
-}
-
 }  // namespace
-
-size_t layer_workspace_bytes(const MoELayerConfig& c) {
-  validate(c);
-  const int halves = c.schedule == MoESchedule::kMicrobatch ? 2 : 1;
-  size_t total = 0;
-  const HalfSizes s = half_sizes(c, all_to_all_config(c, microbatch_split(c)));
-  for (const auto& p : s.parts) total += align_up(p.second, 256);
-  return total * halves;
-}
 
 struct MoELayer::Impl {
   MoELayerConfig cfg;
@@ -193,7 +148,7 @@ void MoELayer::Impl::build(const std::vector<AllToAll*>& borrowed, const Communi
       half[h].a2a = borrowed[h];
     }
   }
-  const HalfSizes hs = half_sizes(cfg, acfg);
+  const layer::HalfSizes hs = layer::half_sizes(cfg, acfg);
   for (int h = 0; h < halves; ++h)
     for (const auto& p : hs.parts) arena.reserve(p.second);
   arena.reserve(16);
