@@ -6,6 +6,9 @@ Two APIs over one implementation:
   ``nvshmem_*`` helpers: the pplx-kernels API (``import epkit as pplx_kernels`` style ports).
 * ``epkit.ExpertAllToAll`` + ``epkit.AllToAllConfig``: keyword names of the C++ config, returned
   outputs, split send/recv halves, and the expert-packed layout (``layout="packed"``).
+* ``epkit.MoELayer`` (router to combine, plus the shared expert) and the expert-compute kernels as
+  functional ops: ``route``, ``quantize``, ``quantize_weights``, ``grouped_gemm``,
+  ``silu_mul_quantize`` (epkit.moe; torch custom ops ``epkit::moe_*`` under torch.compile).
 
 Errors from the library raise ``epkit.EpkitError`` (a RuntimeError) with the C++ message.
 """
@@ -14,6 +17,24 @@ from ._lib import NVSHMEM_HOST_PATH, EpkitError, _C
 from .all_to_all import DispatchOutput, ExpertAllToAll
 from .compat import AllToAll
 from .config import AllToAllConfig
+from .moe import (
+    ErrorRecord,
+    GateProjection,
+    GroupedGemm,
+    Quantized,
+    QuantizedWeights,
+    RouterConfig,
+    Routing,
+    available_gemm_configs,
+    choose_gemm_config,
+    grouped_gemm,
+    quantize,
+    quantize_weights,
+    route,
+    silu_mul_quantize,
+)
+from .moe import check as check_moe_errors
+from .moe_layer import LayerRouting, MoELayer, MoELayerConfig
 from .nvshmem import (
     nvshmem_alloc_empty_unique_id,
     nvshmem_alltoall,
@@ -33,6 +54,8 @@ from .nvshmem import (
 DType = _C.DType
 DataPath = _C.DataPath
 ExpertLayout = _C.ExpertLayout
+RouterMode = _C.RouterMode
+MoESchedule = _C.MoESchedule
 
 __version__ = "0.1.0"
 
@@ -45,6 +68,26 @@ __all__ = [
     "ExpertLayout",
     "EpkitError",
     "ExpertAllToAll",
+    "ErrorRecord",
+    "GateProjection",
+    "GroupedGemm",
+    "LayerRouting",
+    "MoELayer",
+    "MoELayerConfig",
+    "MoESchedule",
+    "Quantized",
+    "QuantizedWeights",
+    "RouterConfig",
+    "RouterMode",
+    "Routing",
+    "available_gemm_configs",
+    "check_moe_errors",
+    "choose_gemm_config",
+    "grouped_gemm",
+    "quantize",
+    "quantize_weights",
+    "route",
+    "silu_mul_quantize",
     "nvshmem_alloc_empty_unique_id",
     "nvshmem_alltoall",
     "nvshmem_barrier_all",

@@ -66,15 +66,6 @@ class Handle {
   std::weak_ptr<AllToAll> weak_;
 };
 
-// A one-element device count (bound_m): its bits are read as int32 by the kernels.
-const int32_t* device_count(const TensorArg& arg, const char* what, int device) {
-  Tensor t = to_tensor(arg, what, device);
-  if (!t.defined()) return nullptr;
-  EPKIT_CHECK(t.numel() == 1, what, " must hold exactly one element, got shape ", t.shape_str());
-  EPKIT_CHECK(dtype_size(t.dtype) == 4, what, " must be a 4-byte integer (uint32 or int32), got ", dtype_name(t.dtype));
-  return static_cast<const int32_t*>(t.data);
-}
-
 void dispatch(Handle& h, int mode, const TensorArg& x, const TensorArg& x_scale, const TensorArg& topk_idx,
               int num_tokens, const TensorArg& num_tokens_device, const TensorArg& expert_x,
               const TensorArg& expert_x_scale, const TensorArg& expert_num_tokens, const TensorArg& expert_offsets,
@@ -86,7 +77,7 @@ void dispatch(Handle& h, int mode, const TensorArg& x, const TensorArg& x_scale,
   args.x_scale = to_tensor(x_scale, "x_scale", dev);
   args.topk_idx = to_tensor(topk_idx, "topk_idx", dev);
   args.num_tokens = num_tokens;
-  args.num_tokens_device = device_count(num_tokens_device, "num_tokens_device", dev);
+  args.num_tokens_device = device_int32(num_tokens_device, "num_tokens_device", dev);
   args.expert_x = to_tensor(expert_x, "expert_x", dev);
   args.expert_x_scale = to_tensor(expert_x_scale, "expert_x_scale", dev);
   args.expert_num_tokens = to_tensor(expert_num_tokens, "expert_num_tokens", dev);
@@ -111,7 +102,7 @@ void combine(Handle& h, int mode, const TensorArg& expert_y, const TensorArg& to
   args.topk_idx = to_tensor(topk_idx, "topk_idx", dev);
   args.topk_weights = to_tensor(topk_weights, "topk_weights", dev);
   args.num_tokens = num_tokens;
-  args.num_tokens_device = device_count(num_tokens_device, "num_tokens_device", dev);
+  args.num_tokens_device = device_int32(num_tokens_device, "num_tokens_device", dev);
   args.out = to_tensor(out, "out", dev);
   DeviceGuard guard(dev);
   switch (mode) {

@@ -25,4 +25,5 @@ NB_MODULE(_C, m) {
       error_type);
   epkit::py::bind_runtime(m);
   epkit::py::bind_all_to_all(m);
+  epkit::py::bind_moe(m);
 }

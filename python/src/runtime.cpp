@@ -117,7 +117,7 @@ static void finalize() {
   if (!rt.comm) return;
   // Detach everything while holding the GIL (capsule deleters read the same state under it), then
   // run the collectives without it.
-  std::vector<std::shared_ptr<AllToAll>> instances = std::move(rt.instances);
+  std::vector<std::shared_ptr<void>> instances = std::move(rt.instances);
   rt.instances.clear();
   std::unique_ptr<Communicator> c = std::move(rt.comm);
   rt.allocs.clear();  // the heap goes with NVSHMEM; tensors still alive must not free into it
@@ -175,7 +175,7 @@ void bind_runtime(nb::module_& m) {
   m.def("init", &init, nb::arg("uid"), nb::arg("rank"), nb::arg("world_size"),
         "Bootstraps this process's NVSHMEM on the current CUDA device. Collective.");
   m.def("finalize", &finalize,
-        "Destroys AllToAll objects never destroyed (creation order), then finalizes NVSHMEM. Collective.");
+        "Destroys AllToAll and MoELayer objects never destroyed (creation order), then finalizes NVSHMEM. Collective.");
   m.def("initialized", [] { return runtime().comm != nullptr; });
   m.def("my_pe", [] { return comm().rank(); });
   m.def("n_pes", [] { return comm().world_size(); });

@@ -20,9 +20,10 @@ struct Runtime {
   std::unique_ptr<Communicator> comm;
   // Live symmetric allocations, base -> bytes; a pointer leaves when it is freed or at finalize.
   std::map<uintptr_t, size_t> allocs;
-  // AllToAll objects not yet destroyed, in creation order. Their destruction frees symmetric memory,
-  // which is collective, so finalize must destroy leftovers in the same order on every rank.
-  std::vector<std::shared_ptr<AllToAll>> instances;
+  // AllToAll and MoELayer objects not yet destroyed, in creation order. Their destruction frees
+  // symmetric memory, which is collective, so finalize must destroy leftovers in the same order on
+  // every rank. (shared_ptr<void> keeps each object's own deleter.)
+  std::vector<std::shared_ptr<void>> instances;
 };
 
 Runtime& runtime();

@@ -33,4 +33,12 @@ Tensor to_tensor(const TensorArg& arg, const char* what, int device) {
   return t;
 }
 
+const int32_t* device_int32(const TensorArg& arg, const char* what, int device) {
+  Tensor t = to_tensor(arg, what, device);
+  if (!t.defined()) return nullptr;
+  EPKIT_CHECK(t.numel() == 1, what, " must hold exactly one element, got shape ", t.shape_str());
+  EPKIT_CHECK(dtype_size(t.dtype) == 4, what, " must be a 4-byte integer (uint32 or int32), got ", dtype_name(t.dtype));
+  return static_cast<const int32_t*>(t.data);
+}
+
 }  // namespace epkit::py

@@ -23,4 +23,8 @@ using TensorArg = std::optional<std::tuple<CudaArray, int>>;
 // an undefined Tensor (data == nullptr).
 Tensor to_tensor(const TensorArg& arg, const char* what, int device);
 
+// A one-element device count (num_tokens_device, bound_m): its bits are read as int32 by the
+// kernels, so any 4-byte integer type is taken. nullptr for an absent argument.
+const int32_t* device_int32(const TensorArg& arg, const char* what, int device);
+
 }  // namespace epkit::py
