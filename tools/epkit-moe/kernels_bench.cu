@@ -146,7 +146,7 @@ struct GemmOperands {
     b_elems = size_t(G) * N * K, bs_elems = size_t(G) * ((N + 127) / 128) * (K / 128);
     d_elems = size_t(G) * rows * N;
     a = Buffer(a_elems * sets), as = Buffer(as_elems * 4 * sets), b = Buffer(b_elems * sets),
-    bs = Buffer(bs_elems * 4 * sets), d = Buffer(d_elems * 2 * sets), cnt = Buffer(size_t(G) * 4 * 2);
+    bs = Buffer(bs_elems * 4 * sets), d = Buffer(d_elems * 2 * sets), cnt = Buffer(size_t(G) * 4);
     fill_uniform(a.get(), DType::kFP8E4M3, a_elems * sets, 101, -2.f, 2.f, s);
     fill_uniform(as.get(), DType::kFP32, as_elems * sets, 102, 0.01f, 0.02f, s);
     fill_uniform(b.get(), DType::kFP8E4M3, b_elems * sets, 103, -2.f, 2.f, s);

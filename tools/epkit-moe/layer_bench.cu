@@ -175,11 +175,15 @@ std::vector<Row> bench_layer(const Options& o, const Ceilings& c, const L2Flush&
           pick_repeats(r.us_median, calls, replays);
           const Timing g = time_graph(s, f, calls, replays, [&](int, cudaStream_t st) { layer.forward(batch, st); });
           r.graph_us_median = slowest(comm, g.us_median), r.graph_us_p99 = slowest(comm, g.us_p99);
-          // The experts with tokens (the weights a forward must read), from the last forward.
+          // The experts with tokens in either half (the weights a forward must read at least once),
+          // from the last forward.
+          std::vector<int> counts = layer.expert_counts(0);
+          if (v.sched == MoESchedule::kMicrobatch) {
+            const std::vector<int> second = layer.expert_counts(1);
+            for (size_t e = 0; e < counts.size(); ++e) counts[e] += second[e];
+          }
           int touched = 0;
-          for (int n : layer.expert_counts(0)) touched += n > 0;
-          if (v.sched == MoESchedule::kMicrobatch)
-            for (int n : layer.expert_counts(1)) touched += 0 * n;  // the weights are read once per half: see note
+          for (int n : counts) touched += n > 0;
           touched = static_cast<int>(slowest(comm, touched));  // the rank that reads the most
           r.weight_bytes_touched = static_cast<double>(touched) * w.expert_bytes + w.shared_bytes + w.gate_bytes;
           r.weight_bound_us = r.weight_bytes_touched / (c.hbm_read_GBps * 1e3);
