@@ -26,7 +26,7 @@ namespace epkit {
 
 // How the layer orders its kernels (seed 001's overlap study).
 enum class MoESchedule : int32_t {
-  kNone = 0,             // serial: route, dispatch, experts, combine, then the shared expert
+  kNone = 0,             // route, dispatch, experts, combine; the shared expert beside them (shared_concurrent)
   kDispatchOverlap = 1,  // the shared expert between dispatch_send and dispatch_recv
   kMicrobatch = 2,       // two halves of the batch, each half's communication beside the other's compute
 };
@@ -54,7 +54,11 @@ struct MoELayerConfig {
   // Execution.
   MoESchedule schedule = MoESchedule::kNone;
   ExpertLayout layout = ExpertLayout::kMasked;  // dispatch's expert-major layout (kPacked: no capacity padding)
-  int expected_tokens = 0;      // tokens per forward the GEMM configs are chosen for; 0 means M
+  int expected_tokens = 0;      // with a device m (the host does not know it): tokens per forward the GEMM
+                                // configs are chosen for; 0 means the rows of x (the graph's bucket)
+  bool shared_concurrent = true;  // schedule none: the shared expert runs on a second stream forked after
+                                  // quantization (a graph branch when captured), beside dispatch, the routed
+                                  // experts and combine; false: after combine, in stream order
   bool ue8m0_scales = false;    // power-of-two activation scales
   int timeout_ms = -1;          // AllToAll's bound on device waits (-1: EPKIT_TIMEOUT_MS, else 10 s)
 };
@@ -68,6 +72,12 @@ moe::RouterConfig router_config(const MoELayerConfig& cfg);
 AllToAllConfig all_to_all_config(const MoELayerConfig& cfg, int half_tokens);
 // Tokens of half 0 under kMicrobatch: rows [0, split) go to half 0, [split, m) to half 1.
 int microbatch_split(const MoELayerConfig& cfg);
+// Rows per local expert the routed GEMMs' config is chosen for, for a forward of `tokens` tokens:
+// the expected largest count under uniform routing, mean + sqrt(2 mean ln L) with mean =
+// tokens * K * (W / D) / E (the Gaussian bound on the largest of L binomial counts), at least 1. A
+// token tile sized for the mean alone splits the fuller experts into two tiles, and reads their
+// weights twice.
+int expected_rows_per_expert(const MoELayerConfig& cfg, int tokens);
 // Device bytes the layer allocates for its activations (both halves), by the layout formulas.
 size_t layer_workspace_bytes(const MoELayerConfig& cfg);
 

@@ -58,7 +58,8 @@ class MoELayerConfig:
     dp_size: int = 1                   # D: ranks per DP group (identical tokens)
     schedule: str = "none"
     layout: str = "masked"             # dispatch's expert-major layout
-    expected_tokens: int = 0           # tokens per forward the GEMM configs are chosen for; 0 means M
+    expected_tokens: int = 0           # device m only: tokens the GEMM configs are chosen for; 0 means the rows of x
+    shared_concurrent: bool = True     # schedule none: the shared expert on its own stream (graph branch)
     ue8m0_scales: bool = False         # power-of-two activation scales
     timeout_ms: int = -1               # bound on device waits (-1: EPKIT_TIMEOUT_MS, else 10 s)
 
@@ -70,6 +71,7 @@ class MoELayerConfig:
             setattr(c, name, int(getattr(self, name)))
         c.renormalize = bool(self.renormalize)
         c.ue8m0_scales = bool(self.ue8m0_scales)
+        c.shared_concurrent = bool(self.shared_concurrent)
         c.routed_scaling = float(self.routed_scaling)
         c.world_size = int(self.world_size if self.world_size is not None else _C.n_pes())
         c.rank = int(self.rank if self.rank is not None else _C.my_pe())

@@ -215,7 +215,8 @@ std::string layer_config_repr(const MoELayerConfig& c) {
      << ", shared_intermediate=" << c.shared_intermediate << ", world_size=" << c.world_size << ", rank=" << c.rank
      << ", dp_size=" << c.dp_size << ", max_tokens_per_rank=" << c.max_tokens_per_rank
      << ", schedule=" << schedule_name(c.schedule) << ", layout=" << layout_name(c.layout)
-     << ", expected_tokens=" << c.expected_tokens << ", ue8m0_scales=" << (c.ue8m0_scales ? "True" : "False")
+     << ", expected_tokens=" << c.expected_tokens
+     << ", shared_concurrent=" << (c.shared_concurrent ? "True" : "False") << ", ue8m0_scales=" << (c.ue8m0_scales ? "True" : "False")
      << ", timeout_ms=" << c.timeout_ms << ")";
   return os.str();
 }
@@ -341,6 +342,7 @@ void bind_moe(nb::module_& m) {
       .def_rw("schedule", &MoELayerConfig::schedule)
       .def_rw("layout", &MoELayerConfig::layout)
       .def_rw("expected_tokens", &MoELayerConfig::expected_tokens)
+      .def_rw("shared_concurrent", &MoELayerConfig::shared_concurrent)
       .def_rw("ue8m0_scales", &MoELayerConfig::ue8m0_scales)
       .def_rw("timeout_ms", &MoELayerConfig::timeout_ms)
       .def("validate", [](const MoELayerConfig& c) { validate(c); })

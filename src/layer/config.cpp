@@ -1,5 +1,6 @@
 // MoELayerConfig: validation and the derived sizes (pure C++, in epkit_core, CPU-tested).
 #include <algorithm>
+#include <cmath>
 #include <initializer_list>
 #include <string>
 
@@ -39,6 +40,14 @@ moe::RouterConfig router_config(const MoELayerConfig& c) {
   r.renormalize = c.renormalize;
   r.routed_scaling = c.routed_scaling;
   return r;
+}
+
+int expected_rows_per_expert(const MoELayerConfig& c, int tokens) {
+  const int L = num_local_experts(c);
+  const double mean =
+      static_cast<double>(std::max(tokens, 0)) * c.topk * (c.world_size / c.dp_size) / c.num_experts;
+  const double bound = mean + std::sqrt(2.0 * mean * std::log(static_cast<double>(std::max(L, 1))));
+  return static_cast<int>(std::max(1.0, std::ceil(bound)));
 }
 
 int microbatch_split(const MoELayerConfig& c) {

@@ -97,6 +97,16 @@ struct MoELayer::Impl {
   } half[2];
   int32_t* m_split = nullptr;  // [2] device m of each half under kMicrobatch with a device m
   bool begun = false;
+  // The shared expert's branch (schedule none, shared_concurrent): a stream of the layer's own, forked
+  // from the caller's after quantization and joined before out += shared.
+  cudaStream_t side = nullptr;
+  cudaEvent_t fork_ev = nullptr, join_ev = nullptr;
+
+  ~Impl() {
+    if (fork_ev) cudaEventDestroy(fork_ev);
+    if (join_ev) cudaEventDestroy(join_ev);
+    if (side) cudaStreamDestroy(side);
+  }
 
   void build(const std::vector<AllToAll*>& borrowed, const Communicator* comm);
   moe::GroupedGemm& gemm(Role r, int expected_m);
@@ -185,6 +195,11 @@ void MoELayer::Impl::build(const std::vector<AllToAll*>& borrowed, const Communi
   }
   m_split = static_cast<int32_t*>(arena.take(16));
   EPKIT_CUDA_CHECK(cudaMemset(m_split, 0, 16));
+  if (cfg.schedule == MoESchedule::kNone && cfg.shared_concurrent && cfg.num_shared_experts > 0) {
+    EPKIT_CUDA_CHECK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+    EPKIT_CUDA_CHECK(cudaEventCreateWithFlags(&fork_ev, cudaEventDisableTiming));
+    EPKIT_CUDA_CHECK(cudaEventCreateWithFlags(&join_ev, cudaEventDisableTiming));
+  }
 
   gate = std::make_unique<moe::GateProjection>(cfg.hidden, cfg.num_experts, half[0].rows);
   const int I = cfg.intermediate, Is = shared_intermediate(cfg), H = cfg.hidden;
@@ -213,15 +228,12 @@ void MoELayer::Impl::build(const std::vector<AllToAll*>& borrowed, const Communi
 }
 
 // The GEMM of role r for a call of `tokens` tokens: the heuristic's config for the rows per group
-// that many tokens give, tokens * K * (W / D) / E under uniform routing for the routed experts and
-// the tokens themselves for the shared expert.
+// that many tokens give: the fullest routed expert's under uniform routing
+// (expected_rows_per_expert), the tokens themselves for the shared expert.
 moe::GroupedGemm& MoELayer::Impl::gemm(Role r, int tokens) {
   moe::GroupedGemmShape s = shapes[r];
-  const int ranks_per_token_group = cfg.world_size / cfg.dp_size;
-  const long em = r == kShared13 || r == kShared2
-                      ? tokens
-                      : (static_cast<long>(tokens) * cfg.topk * ranks_per_token_group + cfg.num_experts - 1) / cfg.num_experts;
-  s.expected_m = static_cast<int>(std::clamp<long>(em, 1, s.rows));
+  const long em = r == kShared13 || r == kShared2 ? tokens : expected_rows_per_expert(cfg, tokens);
+  s.expected_m = static_cast<int>(std::clamp<long>(em, 1, std::max(1, s.rows)));
   const moe::GemmConfig c = moe::choose_gemm_config(s);
   const auto it = gemms.find(std::make_pair(static_cast<int>(r), moe::to_string(c)));
   EPKIT_CHECK(it != gemms.end(), "MoELayer: grouped GEMM config ", moe::to_string(c), " was not built (internal error)");
@@ -453,7 +465,7 @@ void MoELayer::begin(const MoEBatch& b, cudaStream_t s) {
     hf.x = rows_of(b.x, 0, rows), hf.out = rows_of(b.out, 0, rows);
     hf.host_m = host ? b.num_tokens : -1;
     hf.dev_m = host ? nullptr : b.num_tokens_device;
-    hf.hint = static_cast<int>(host ? b.num_tokens : rows);
+    hf.hint = static_cast<int>(host ? b.num_tokens : c.expected_tokens > 0 ? std::min<int64_t>(c.expected_tokens, rows) : rows);
   } else {
     // Half 0 takes the first ceil(n / 2) rows and half 1 the rest, n = m on the host, or the rows of
     // x (the graph's bucket) with a device m, split on the device: the halves' addresses stay fixed,
@@ -472,7 +484,8 @@ void MoELayer::begin(const MoEBatch& b, cudaStream_t s) {
       } else {
         hf.host_m = -1;
         hf.dev_m = I.m_split + h;
-        hf.hint = static_cast<int>(std::max<int64_t>(1, cnt));
+        const int64_t want = c.expected_tokens > 0 ? std::min<int64_t>((c.expected_tokens + 1) / 2, cnt) : cnt;
+        hf.hint = static_cast<int>(std::max<int64_t>(1, want));
       }
     }
     if (!host)
@@ -509,13 +522,27 @@ void MoELayer::forward(const MoEBatch& b, cudaStream_t s) {
   begin(b, s);
   switch (I.cfg.schedule) {
     case MoESchedule::kNone: {
-      // Fused halves (one kernel each for dispatch and combine), the shared expert after combine.
+      // Fused halves (one kernel each for dispatch and combine). The shared expert needs only the
+      // quantized x and m: on its own branch it streams its weights while the routed path waits on
+      // its chain of small kernels (a few SMs each), instead of adding its time after combine. Its
+      // kernels never wait on anything, so the routed kernels that need every block resident get
+      // their SMs back as soon as its tiles finish (no deadlock, only delay).
       Impl::Half& hf = I.half[0];
       I.route(hf, s);
+      if (I.side) {
+        EPKIT_CUDA_CHECK(cudaEventRecord(I.fork_ev, s));
+        EPKIT_CUDA_CHECK(cudaStreamWaitEvent(I.side, I.fork_ev, 0));
+        I.shared(hf, I.side);
+        EPKIT_CUDA_CHECK(cudaEventRecord(I.join_ev, I.side));
+      }
       I.dispatch(hf, true, true, s);
       I.experts(hf, s);
       I.combine(hf, true, true, s);
-      I.shared(hf, s);
+      if (I.side) {
+        EPKIT_CUDA_CHECK(cudaStreamWaitEvent(s, I.join_ev, 0));
+      } else {
+        I.shared(hf, s);
+      }
       I.add_shared(hf, s);
       break;
     }

@@ -103,13 +103,14 @@ void check_unique(const Calibration& cal) {
     EPKIT_CHECK(fresh, "kernel row ", r.kernel, " ", r.variant, " G=", r.groups, " m=", r.m, " N=", r.n, " K=", r.k,
                 " appears twice (", it->second->source, " and ", r.source, ")");
   }
-  std::map<std::tuple<std::string, int, int, int, int, std::string, std::string>, const LayerMeasurement*> layers;
+  std::map<std::tuple<std::string, int, int, int, int, std::string, std::string, std::string>, const LayerMeasurement*>
+      layers;
   for (const auto& r : cal.layers) {
     auto [it, fresh] = layers.emplace(
-        std::make_tuple(r.device, r.world_size, r.experts, r.batch, r.query_len, r.schedule, r.layout), &r);
+        std::make_tuple(r.device, r.world_size, r.experts, r.batch, r.query_len, r.schedule, r.layout, r.shared), &r);
     EPKIT_CHECK(fresh, "layer row W=", r.world_size, " E=", r.experts, " batch=", r.batch, " query_len=", r.query_len,
-                " schedule=", r.schedule, " layout=", r.layout, " appears twice (", it->second->source, " and ",
-                r.source, ")");
+                " schedule=", r.schedule, " layout=", r.layout, " shared=", r.shared, " appears twice (",
+                it->second->source, " and ", r.source, ")");
   }
 }
 

@@ -75,6 +75,11 @@ LayerMeasurement layer_row(const Json& row, const std::string& where, const MoeF
   EPKIT_CHECK(r.graph_us > 0, where, ".graph_us_median = ", r.graph_us, " must be > 0");
   if (row.find("graph_us_p99")) r.graph_p99_us = row_number(row, "graph_us_p99", where);
   if (const Json* n = row.find("note")) r.note = n->as_string(where + ".note");
+  if (const Json* s = row.find("shared")) {
+    r.shared = s->as_string(where + ".shared");
+    EPKIT_CHECK(r.shared == "concurrent" || r.shared == "in_stream", where, ".shared = '", r.shared,
+                "' is not one of: concurrent, in_stream");
+  }
   if (const Json* b = row.find("breakdown")) {
     const Json::Array& steps = b->as_array(where + ".breakdown");
     for (size_t i = 0; i < steps.size(); ++i) {
@@ -239,8 +244,10 @@ LayerMatch find_layer_row(const Calibration& cal, const ModelSpec& m, const std:
       other_device = true;
       continue;
     }
-    // The layer's default layout (masked) first.
-    if (!best[kind] || (best[kind]->layout != "masked" && r.layout == "masked")) best[kind] = &r;
+    // The layer's defaults first: the masked layout, then (schedule none) the shared expert on its
+    // own branch.
+    auto rank_of = [](const LayerMeasurement& x) { return (x.layout == "masked" ? 2 : 0) + (x.shared == "concurrent"); };
+    if (!best[kind] || rank_of(r) > rank_of(*best[kind])) best[kind] = &r;
   }
   if (best[0] || best[1]) {
     out.row = best[0] ? best[0] : best[1];

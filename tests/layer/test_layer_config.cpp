@@ -89,6 +89,23 @@ TEST(MoELayerConfig, DerivedConfigs) {
   EXPECT_THROW(parse_schedule("pipelined"), Error);
 }
 
+// The GEMM tile is chosen for the fullest expert, not the mean one: mean + sqrt(2 mean ln L).
+TEST(MoELayerConfig, ExpectedRowsPerExpertCoversTheFullestExpert) {
+  MoELayerConfig one = deepseek(1);
+  one.num_experts = 32;  // an EP8 rank's experts on one GPU
+  EXPECT_EQ(expected_rows_per_expert(one, 128), 47);  // mean 32 + sqrt(64 ln 32) = 46.9
+  EXPECT_EQ(expected_rows_per_expert(one, 256), 86);  // mean 64 + sqrt(128 ln 32) = 85.1
+  EXPECT_EQ(expected_rows_per_expert(one, 0), 1);
+  EXPECT_EQ(expected_rows_per_expert(deepseek(1), 1), 1);  // 8 of 256 experts: at most one row each
+  // EP8: tokens from all 8 ranks (W / D = 8) over 32 local experts, the same mean as above.
+  EXPECT_EQ(expected_rows_per_expert(deepseek(8), 128), 47);
+  MoELayerConfig dp = deepseek(8);
+  dp.dp_size = 2;  // 4 token groups
+  EXPECT_EQ(expected_rows_per_expert(dp, 128), 27);  // 16 + sqrt(32 ln 32) = 26.5
+  for (int t = 1; t < 4096; t *= 2)
+    EXPECT_GE(expected_rows_per_expert(one, t), t * 8 / 32) << "never below the mean, tokens = " << t;
+}
+
 TEST(MoELayerConfig, WorkspaceGrowsWithTheLayoutAndHalves) {
   MoELayerConfig c = deepseek(1);
   c.max_tokens_per_rank = 64;

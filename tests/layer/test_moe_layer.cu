@@ -253,9 +253,11 @@ std::vector<uint16_t> group_tokens(const MoELayerConfig& c, int rows, uint64_t s
 
 // One layer object, checked for host m in `host_ms`, then inside one captured graph (device m)
 // replayed for every m in `graph_ms`.
-void run_case(MoESchedule sched, ExpertLayout layout, float skew, uint64_t case_id) {
-  const MoELayerConfig cfg = base_config(sched, layout);
+void run_case(MoESchedule sched, ExpertLayout layout, float skew, uint64_t case_id, bool shared_concurrent = true) {
+  MoELayerConfig cfg = base_config(sched, layout);
+  cfg.shared_concurrent = shared_concurrent;
   const std::string what = std::string("schedule ") + schedule_name(sched) + ", layout " + layout_name(layout) +
+                           (shared_concurrent ? "" : ", shared expert in stream order") +
                            ", W " + std::to_string(cfg.world_size) + ", dp " + std::to_string(cfg.dp_size) +
                            (skew > 0 ? ", skewed routing" : "");
   const uint64_t seed = case_seed(case_id);
@@ -359,6 +361,12 @@ INSTANTIATE_TEST_SUITE_P(Schedules, MoELayerTest,
                            return std::string(schedule_name(std::get<0>(info.param))) + "_" +
                                   layout_name(std::get<1>(info.param));
                          });
+
+// Schedule none with the shared expert in stream order (shared_concurrent = false; the default runs
+// it on a branch of its own, covered above).
+TEST(MoELayerSharedInStream, MatchesReference) {
+  run_case(MoESchedule::kNone, ExpertLayout::kMasked, 0.f, 300, false);
+}
 
 TEST(MoELayerConfigChecks, BadConfigRejectedBeforeLaunch) {
   MoELayerConfig c = base_config(MoESchedule::kNone, ExpertLayout::kMasked);

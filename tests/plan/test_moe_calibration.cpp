@@ -59,8 +59,9 @@ std::string mem_row(const std::string& kernel, const std::string& variant, int G
 }
 
 std::string layer_row(const std::string& schedule, int W, int E, int batch, int q, double graph_us,
-                      const std::string& layout = "masked", bool breakdown = false) {
+                      const std::string& layout = "masked", bool breakdown = false, const std::string& shared = "") {
   std::string r = R"({"kernel":"moe_layer","system":"epkit","schedule":")" + schedule + R"(","layout":")" + layout +
+                  (shared.empty() ? "" : R"(","shared":")" + shared) +
                   R"(","world_size":)" + std::to_string(W) + R"(,"experts":)" + std::to_string(E) + R"(,"batch":)" +
                   std::to_string(batch) + R"(,"query_len":)" + std::to_string(q) + R"(,"tokens":)" +
                   std::to_string(batch * q) + R"(,"us_median":)" + num(graph_us * 1.2) + R"(,"us_p99":1,"graph_us_median":)" +
@@ -310,6 +311,26 @@ TEST(PlanMoeCalibration, MoeBlockIsTheLayerWithoutAttention) {
   const PlanPoint ep8 = estimate(m, g, cfg(8, 32));
   EXPECT_GT(ep8.moe_block_time_us, block_kernels_us(ep8));
   EXPECT_LT(estimate(m, g, cfg(8, 32, Schedule::kDispatchOverlap)).moe_block_time_us, ep8.moe_block_time_us);
+}
+
+// Schedule none is measured with the shared expert on its own branch (the layer's default) and in
+// stream order; the planner compares against the default, and an unknown placement is an error.
+TEST(PlanMoeCalibration, LayerRowsPreferTheDefaultSharedPlacement) {
+  const ModelSpec m = load_model("deepseek-v3");
+  const GpuSpec g = load_gpu("h200");
+  const Calibration cal = calibration_from_json(
+      doc(layer_row("none", 1, 256, 4, 2, 900, "masked", false, "in_stream") + "," +
+          layer_row("none", 1, 256, 4, 2, 700, "masked", false, "concurrent") + "," +
+          layer_row("none", 1, 256, 4, 2, 650, "packed", false, "concurrent")),
+      m);
+  const PlanPoint ep1 = estimate(m, g, cfg(1, 4), {}, &cal);
+  ASSERT_TRUE(ep1.layer_check.has_value()) << ep1.layer_check_note;
+  EXPECT_EQ(ep1.layer_check->row.shared, "concurrent");
+  EXPECT_EQ(ep1.layer_check->row.layout, "masked");
+  EXPECT_DOUBLE_EQ(ep1.layer_check->row.graph_us, 700);
+  const std::string bad = error_of(
+      [&] { calibration_from_json(doc(layer_row("none", 1, 256, 4, 2, 900, "masked", false, "sideways")), m); });
+  EXPECT_NE(bad.find("shared = 'sideways'"), std::string::npos) << bad;
 }
 
 TEST(PlanMoeCalibration, LayerRowsMapOntoDeployments) {

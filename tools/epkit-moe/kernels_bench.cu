@@ -162,7 +162,27 @@ struct GemmOperands {
     x.expert_num_tokens = Tensor(const_cast<int32_t*>(counts), DType::kInt32, {G});
     return x;
   }
+  // The same memory as the expert-packed layout (issue #18): R = G * rows rows, group g's rows from
+  // offsets[g] (device [G + 1]).
+  moe::GroupedGemmArgs packed_args(int set, const int32_t* counts, const int32_t* offsets) const {
+    moe::GroupedGemmArgs x = args(set, counts);
+    const int64_t R = int64_t(G) * rows;
+    x.a = Tensor(x.a.data, DType::kFP8E4M3, {R, K});
+    x.a_scale = Tensor(x.a_scale.data, DType::kFP32, {R, K / 128});
+    x.d = Tensor(x.d.data, DType::kBF16, {R, N});
+    x.expert_offsets = Tensor(const_cast<int32_t*>(offsets), DType::kInt32, {G + 1});
+    return x;
+  }
 };
+
+// Device [G + 1] offsets, the exclusive prefix of `counts` (rows back to back, no alignment), from a
+// host vector; the last is the total.
+void upload_offsets(int32_t* dst, const std::vector<int32_t>& counts, cudaStream_t s) {
+  std::vector<int32_t> off(counts.size() + 1, 0);
+  for (size_t g = 0; g < counts.size(); ++g) off[g + 1] = off[g] + counts[g];
+  cuda_check(cudaMemcpyAsync(dst, off.data(), off.size() * 4, cudaMemcpyHostToDevice, s), "offsets");
+  cuda_check(cudaStreamSynchronize(s), "offsets");
+}
 
 }  // namespace
 
@@ -205,6 +225,25 @@ std::vector<Row> bench_grouped_gemm(const Options& o, const Ceilings& c, const L
           r.note = moe::to_string(gemm->config());
           rows.push_back(timed(r, c, f, s, [&](int i, cudaStream_t st) { gemm->run(ops.args(i % sets, even), st); }));
         }
+        // The expert-packed layout over the same operands and counts (issue #18: within 5% of the
+        // masked layout): the groups' rows back to back, offsets g * m, the same heuristic choice.
+        if (!o.sweep_configs && m >= 16) {
+          Buffer off((G + 1) * 4);
+          upload_offsets(off.as<int32_t>(), std::vector<int32_t>(G, m), s);
+          moe::GroupedGemmShape ps = gs;
+          ps.layout = ExpertLayout::kPacked, ps.rows = G * cap;  // expected_m stays m
+          moe::GroupedGemm gemm(ps);
+          Row r;
+          r.kernel = "grouped_gemm", r.system = "epkit", r.G = G, r.m = m, r.N = sh.n, r.K = sh.k;
+          r.variant = std::string(sh.name) + " packed";
+          r.weight_bytes = static_cast<double>(wb);
+          r.bytes = static_cast<double>(per_call);
+          r.flops = 2.0 * G * double(m) * sh.n * sh.k;
+          r.note = "expert-packed rows, offsets g * m; " + moe::to_string(gemm.config());
+          rows.push_back(timed(r, c, f, s, [&](int i, cudaStream_t st) {
+            gemm.run(ops.packed_args(i % sets, even, off.as<int32_t>()), st);
+          }));
+        }
         // Uneven counts with the same total of real rows (G * m) as the even case (issue #13: within
         // 10% of it): a quarter of the groups empty, the others alternating about 2m/3 and 2m rows,
         // over operands with capacity 2m.
@@ -232,6 +271,22 @@ std::vector<Row> bench_grouped_gemm(const Options& o, const Ceilings& c, const L
           r.note = std::to_string(G * m) + " real rows over " + std::to_string(active_groups) + " groups, capacity " +
                    std::to_string(ucap) + "; " + moe::to_string(gemm.config());
           rows.push_back(timed(r, c, f, s, [&](int i, cudaStream_t st) { gemm.run(uops.args(i % usets, ucnt), st); }));
+          // The same uneven counts packed back to back (what dispatch's packed layout holds with
+          // row alignment 1: groups start at any row).
+          if (m >= 16) {
+            Buffer uoff((G + 1) * 4);
+            upload_offsets(uoff.as<int32_t>(), h, s);
+            moe::GroupedGemmShape ps = gs;
+            ps.layout = ExpertLayout::kPacked, ps.rows = G * ucap;
+            moe::GroupedGemm pg(ps);
+            Row pr = r;
+            pr.variant = std::string(sh.name) + " packed uneven";
+            pr.note = std::to_string(G * m) + " real rows over " + std::to_string(active_groups) +
+                      " groups, packed back to back; " + moe::to_string(pg.config());
+            rows.push_back(timed(pr, c, f, s, [&](int i, cudaStream_t st) {
+              pg.run(uops.packed_args(i % usets, ucnt, uoff.as<int32_t>()), st);
+            }));
+          }
         }
       }
     }

@@ -77,7 +77,7 @@ struct Weights {
 
 // E_local experts on each of the communicator's ranks (E_local * W routed experts in all).
 MoELayerConfig deepseek_config(const Communicator& comm, int E_local, int max_tokens, MoESchedule sched,
-                               ExpertLayout layout) {
+                               ExpertLayout layout, bool shared_concurrent) {
   MoELayerConfig c;
   c.hidden = kH, c.intermediate = kI, c.num_experts = E_local * comm.world_size(), c.topk = kTopK;
   c.router_mode = moe::RouterMode::kGroupedTopK;
@@ -87,6 +87,7 @@ MoELayerConfig deepseek_config(const Communicator& comm, int E_local, int max_to
   c.max_tokens_per_rank = max_tokens;
   c.schedule = sched;
   c.layout = layout;
+  c.shared_concurrent = shared_concurrent;
   return c;
 }
 
@@ -151,18 +152,27 @@ std::vector<Row> bench_layer(const Options& o, const Ceilings& c, const L2Flush&
       std::printf("== MoE layer, W = %d, %d experts per GPU (E = %d, DeepSeek-V3 shapes, one shared expert), M = %d\n",
                   W, E, E * W, M);
     const Weights w(E, s, comm.rank());
-    struct Variant { MoESchedule sched; ExpertLayout layout; };
+    // Schedule none twice: the shared expert on its own branch (the default) and in stream order,
+    // the same-run A/B of that placement.
+    struct Variant { MoESchedule sched; ExpertLayout layout; bool concurrent; };
     std::vector<Variant> variants;
-    for (const std::string& sn : o.schedules) variants.push_back({parse_schedule(sn), ExpertLayout::kMasked});
-    variants.push_back({MoESchedule::kNone, ExpertLayout::kPacked});
+    for (const std::string& sn : o.schedules) {
+      const MoESchedule sc = parse_schedule(sn);
+      variants.push_back({sc, ExpertLayout::kMasked, true});
+      if (sc == MoESchedule::kNone) variants.push_back({sc, ExpertLayout::kMasked, false});
+    }
+    variants.push_back({MoESchedule::kNone, ExpertLayout::kPacked, true});
     for (const Variant& v : variants) {
-      MoELayer layer(comm, deepseek_config(comm, E, M, v.sched, v.layout), w.views);
+      const MoELayerConfig lc = deepseek_config(comm, E, M, v.sched, v.layout, v.concurrent);
+      MoELayer layer(comm, lc, w.views);
+      const std::string shared_mode =
+          v.sched == MoESchedule::kNone && lc.shared_concurrent ? "concurrent" : "in_stream";
       for (int q : o.query_lens) {
         for (int b : o.batches) {
           const int T = b * q;
           if (v.sched == MoESchedule::kMicrobatch && T < 2) continue;
           LayerRow r;
-          r.schedule = schedule_name(v.sched), r.layout = layout_name(v.layout);
+          r.schedule = schedule_name(v.sched), r.layout = layout_name(v.layout), r.shared = shared_mode;
           r.world_size = W, r.experts = E, r.batch = b, r.query_len = q, r.tokens = T;
           MoEBatch batch;
           batch.x = Tensor(x.get(), DType::kBF16, {T, kH});
@@ -187,8 +197,9 @@ std::vector<Row> bench_layer(const Options& o, const Ceilings& c, const L2Flush&
           touched = static_cast<int>(slowest(comm, touched));  // the rank that reads the most
           r.weight_bytes_touched = static_cast<double>(touched) * w.expert_bytes + w.shared_bytes + w.gate_bytes;
           r.weight_bound_us = r.weight_bytes_touched / (c.hbm_read_GBps * 1e3);
-          // Breakdown: every kernel of the layer alone, in a graph, with this forward's arguments.
-          if (v.sched == MoESchedule::kNone) {
+          // Breakdown: every kernel of the layer alone, in a graph, with this forward's arguments
+          // (the same kernels whichever stream the shared expert takes: measured once).
+          if (v.sched == MoESchedule::kNone && v.concurrent) {
             layer.forward(batch, s);
             const std::vector<MoELayer::Step> steps = layer.steps();
             for (size_t i = 0; i < steps.size(); ++i) {
@@ -209,9 +220,9 @@ std::vector<Row> bench_layer(const Options& o, const Ceilings& c, const L2Flush&
           }
           layer.check();
           if (g_rank0)
-            std::printf("  %-16s %-6s E=%-3d batch=%-4d q=%d: forward %8.1f us, graph %8.1f us, kernels %8.1f us "
+            std::printf("  %-16s %-6s %-10s E=%-3d batch=%-4d q=%d: forward %8.1f us, graph %8.1f us, kernels %8.1f us "
                       "(x%.2f), weights at HBM %8.1f us (%d experts touched)\n",
-                      r.schedule.c_str(), r.layout.c_str(), E, b, q, r.us_median, r.graph_us_median, r.steps_us_sum,
+                      r.schedule.c_str(), r.layout.c_str(), r.shared.c_str(), E, b, q, r.us_median, r.graph_us_median, r.steps_us_sum,
                       r.graph_over_steps, r.weight_bound_us, touched);
           std::fflush(stdout);
           g_rows.push_back(r);
@@ -220,7 +231,7 @@ std::vector<Row> bench_layer(const Options& o, const Ceilings& c, const L2Flush&
       }
       // One graph for every m through the device count: captured at the largest bucket (M rows),
       // replayed with m set on the device (issue #14: one graph per bucket, or one for all sizes).
-      if (v.layout == ExpertLayout::kMasked) {
+      if (v.layout == ExpertLayout::kMasked && v.concurrent) {
         MoEBatch batch;
         batch.x = Tensor(x.get(), DType::kBF16, {M, kH});
         batch.out = Tensor(out.get(), DType::kBF16, {M, kH});
@@ -238,7 +249,7 @@ std::vector<Row> bench_layer(const Options& o, const Ceilings& c, const L2Flush&
             const double devm_us = slowest(comm, g.us_median);
             for (LayerRow& r : g_rows)
               if (r.experts == E && r.batch == b && r.query_len == q && r.schedule == schedule_name(v.sched) &&
-                  r.layout == layout_name(v.layout))
+                  r.layout == layout_name(v.layout) && r.shared == shared_mode)
                 r.note = "one graph for all m (device count, " + std::to_string(M) + "-row bucket): " +
                          std::to_string(devm_us) + " us";
           }

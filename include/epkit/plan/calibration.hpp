@@ -54,6 +54,7 @@ struct LayerStepMeasurement {
 struct LayerMeasurement {
   std::string schedule;      // none | dispatch_overlap | microbatch
   std::string layout;        // masked | packed
+  std::string shared = "in_stream";  // concurrent | in_stream: where the shared expert ran (absent: in_stream)
   std::string device;        // the file's meta.device ("" when absent)
   std::string source;        // file it came from
   std::string note;
