@@ -11,8 +11,15 @@
 #   stress       ctest -L stress
 #   moe-bench    epkit-moe kernels (full grid) + the torch baselines into bench/results/moe-h200-latest.json
 #   moe-quick    epkit-moe kernels --quick
+#   py-moe       the Python MoE tests alone (python/tests/test_moe.py)
+#   gemm-packed  (issue #18) epkit-moe kernels, grouped GEMM only, G 8 and 32: masked against packed rows
+#   stress-packed (issue #18) the packed-layout stress tests (ctest -L stress -R layout_packed)
 #   layer-bench  epkit-moe layer into bench/results/moe-layer-h200-latest.json
 #   comm-w1      epkit-bench at W = 1, both layouts, into bench/results/h200-w1-latest.json
+#   w1-stages    (issue #15) a -DEPKIT_STAGE_TIMERS=ON build of epkit-bench in build-stages; block 0's
+#                stage stamps of the local kernels at W = 1, decode and decode-v2lite, 1 and 128 tokens
+#   w1-ncu       (issue #15) the profiler's own kernel times (gpu__time_duration) of the local
+#                dispatch / combine kernels at 1 and 128 tokens, against the event-timed figures
 #   comm-x2      (2 GPUs, issue #17) epkit-bench at EP2 with the baselines, both layouts, + weights at dispatch
 #   layer-x2     (2 GPUs, issue #17) epkit-moe layer at EP2, 128 local experts per rank
 # Usage: scripts/gpu-session.sh LOGDIR PHASE... ; env BUILD (default build-gpu), PHASE_TIMEOUT (s).
@@ -52,6 +59,9 @@ for p in "$@"; do
     make-test) phase make-test "${PHASE_TIMEOUT:-540}" "time bash scripts/run-tests.sh $BUILD" ;;
     python) phase python "${PHASE_TIMEOUT:-300}" "time bash scripts/run-python-tests.sh $BUILD" ;;
     stress) phase stress "${PHASE_TIMEOUT:-560}" "cd $BUILD && time ctest -L stress --output-on-failure" ;;
+    py-moe) phase py-moe "${PHASE_TIMEOUT:-300}" "time bash scripts/run-python-tests.sh $BUILD -k 'test_moe'" ;;
+    gemm-packed) phase gemm-packed "${PHASE_TIMEOUT:-300}" "$BUILD/bin/epkit-moe kernels --kernels grouped_gemm --groups 8,32 --m 16,64,256,1024,4096 --json $LOG/gemm-packed.json" ;;
+    stress-packed) phase stress-packed "${PHASE_TIMEOUT:-300}" "cd $BUILD && time ctest -L stress -R layout_packed -j 8 --output-on-failure" ;;
     moe-quick) phase moe-quick "${PHASE_TIMEOUT:-300}" "$BUILD/bin/epkit-moe kernels --quick --groups 16,32 --m 8,32,64,1024 --json $LOG/moe-quick.json" ;;
     moe-bench) phase moe-bench "${PHASE_TIMEOUT:-540}" "$BUILD/bin/epkit-moe kernels --json bench/results/moe-h200-latest.json && \
         python3 tools/epkit-moe/torch_baselines.py bench/results/moe-h200-latest.json && cp bench/results/moe-h200-latest.json $LOG/" ;;
@@ -59,6 +69,12 @@ for p in "$@"; do
         cp bench/results/moe-layer-h200-latest.json $LOG/" ;;
     comm-w1) phase comm-w1 "${PHASE_TIMEOUT:-300}" "$BUILD/bin/epkit-run -n 1 -- $BUILD/bin/epkit-bench --preset decode,decode-v2lite,prefill --layout masked,packed --json bench/results/h200-w1-latest.json && \
         cp bench/results/h200-w1-latest.json $LOG/" ;;
+    w1-stages) phase w1-stages "${PHASE_TIMEOUT:-240}" "cmake -S . -B build-stages -G Ninja -DCMAKE_BUILD_TYPE=Release -DEPKIT_STAGE_TIMERS=ON >/dev/null && \
+        cmake --build build-stages -j \$(nproc) --target epkit-bench epkit-run >/dev/null && \
+        build-stages/bin/epkit-run -n 1 -- build-stages/bin/epkit-bench --preset decode,decode-v2lite --tokens 1,128 --no-baselines --stage-timers" ;;
+    w1-ncu) phase w1-ncu "${PHASE_TIMEOUT:-180}" "for t in 1 128; do ncu --clock-control none --target-processes all --kernel-name regex:local_ \
+        --launch-skip 400 --launch-count 12 --metrics gpu__time_duration.sum,sm__cycles_active.max,smsp__warps_launched.sum \
+        $BUILD/bin/epkit-run -n 1 -- $BUILD/bin/epkit-bench --preset decode --tokens \$t --no-baselines 2>&1 | grep -E 'local_|gpu__time|cycles_active|warps_launched|total_us|epkit  ' ; done" ;;
     comm-x2) phase comm-x2 "${PHASE_TIMEOUT:-420}" "$BUILD/bin/epkit-run -n 2 -- $BUILD/bin/epkit-bench --preset decode,decode-v2lite,prefill --layout masked,packed --json bench/results/h200x2-latest.json && \
         $BUILD/bin/epkit-run -n 2 -- $BUILD/bin/epkit-bench --preset decode --weights-at-dispatch --no-baselines --json $LOG/h200x2-wad.json && \
         cp bench/results/h200x2-latest.json $LOG/" ;;
