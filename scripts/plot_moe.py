@@ -73,10 +73,15 @@ STEP_COLORS = {"gate": "C7", "router": "C8", "quantize": "C9", "dispatch": "C4",
 
 def plot_layer(doc, out):
     rows = doc["rows"]
+    # The layer's default layout: the one every schedule was measured in.
+    scheds = {}
+    for r in rows:
+        scheds.setdefault(r["layout"], set()).add(r["schedule"])
+    layout = max(scheds, key=lambda k: (len(scheds[k]), k == "packed"))
     fig, axes = plt.subplots(2, 2, figsize=(14, 9))
     for col, E in enumerate([256, 32]):
         ax = axes[0][col]
-        pts = [r for r in rows if r["experts"] == E and r["schedule"] == "none" and r["layout"] == "masked"
+        pts = [r for r in rows if r["experts"] == E and r["schedule"] == "none" and r["layout"] == layout
                and r.get("breakdown")]
         pts.sort(key=lambda r: (r["query_len"], r["batch"]))
         labels = [f"b{r['batch']}\nq{r['query_len']}" for r in pts]
@@ -92,17 +97,20 @@ def plot_layer(doc, out):
         ax.set_xticks(range(len(pts)))
         ax.set_xticklabels(labels, fontsize=7)
         ax.set_ylabel("us per layer")
-        ax.set_title(f"E = {E} on one GPU: per-kernel breakdown (schedule none, masked)")
+        ax.set_title(f"E = {E} on one GPU: per-kernel breakdown (schedule none, {layout})")
         if col == 0:
             ax.legend(fontsize=7, ncol=2)
         ax2 = axes[1][col]
-        for sched, color in [("none", "C0"), ("dispatch_overlap", "C1"), ("microbatch", "C3")]:
+        for sched, shared, color in [("none", "concurrent", "C0"), ("none", "in_stream", "C7"),
+                                     ("dispatch_overlap", "in_stream", "C1"), ("microbatch", "in_stream", "C3")]:
             for q, style in [(1, "-"), (2, "--")]:
                 p = sorted((r["batch"], r["graph_us_median"]) for r in rows if r["experts"] == E and
-                           r["schedule"] == sched and r["layout"] == "masked" and r["query_len"] == q)
+                           r["schedule"] == sched and r["layout"] == layout and r["query_len"] == q and
+                           r.get("shared", "in_stream") == shared)
                 if p:
+                    name = sched if sched != "none" else f"none, shared {shared}"
                     ax2.plot([x[0] for x in p], [x[1] for x in p], style, marker="o", ms=3, color=color,
-                             label=f"{sched}, q={q}")
+                             label=f"{name}, q={q}")
         ax2.set_xscale("log", base=2)
         ax2.set_xlabel("batch per rank")
         ax2.set_ylabel("us per layer (graph replay)")

@@ -57,7 +57,7 @@ class MoELayerConfig:
     rank: Optional[int] = None
     dp_size: int = 1                   # D: ranks per DP group (identical tokens)
     schedule: str = "none"
-    layout: str = "masked"             # dispatch's expert-major layout
+    layout: str = "packed"             # dispatch's expert-major layout (packed: no capacity padding)
     expected_tokens: int = 0           # device m only: tokens the GEMM configs are chosen for; 0 means the rows of x
     shared_concurrent: bool = True     # schedule none: the shared expert on its own stream (graph branch)
     ue8m0_scales: bool = False         # power-of-two activation scales

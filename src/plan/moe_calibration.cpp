@@ -244,9 +244,9 @@ LayerMatch find_layer_row(const Calibration& cal, const ModelSpec& m, const std:
       other_device = true;
       continue;
     }
-    // The layer's defaults first: the masked layout, then (schedule none) the shared expert on its
+    // The layer's defaults first: the packed layout, then (schedule none) the shared expert on its
     // own branch.
-    auto rank_of = [](const LayerMeasurement& x) { return (x.layout == "masked" ? 2 : 0) + (x.shared == "concurrent"); };
+    auto rank_of = [](const LayerMeasurement& x) { return (x.layout == "packed" ? 2 : 0) + (x.shared == "concurrent"); };
     if (!best[kind] || rank_of(r) > rank_of(*best[kind])) best[kind] = &r;
   }
   if (best[0] || best[1]) {

@@ -108,7 +108,9 @@ TEST(MoELayerConfig, ExpectedRowsPerExpertCoversTheFullestExpert) {
 
 TEST(MoELayerConfig, WorkspaceGrowsWithTheLayoutAndHalves) {
   MoELayerConfig c = deepseek(1);
+  EXPECT_EQ(c.layout, ExpertLayout::kPacked);  // the default: the layout that fits prefill
   c.max_tokens_per_rank = 64;
+  c.layout = ExpertLayout::kMasked;
   const size_t masked = layer_workspace_bytes(c);
   c.layout = ExpertLayout::kPacked;
   const size_t packed = layer_workspace_bytes(c);

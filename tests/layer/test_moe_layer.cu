@@ -140,8 +140,11 @@ std::vector<T> download(const void* p, size_t n) {
 // step (2^-3 of that element) or, through the block's amax, one 128-element block's scale; one such
 // event changes an output row by well under 1e-2 of its norm, and they are rare. Across ranks the
 // partials are also rounded to bf16 once more (2^-9). So: 1e-2 on the Frobenius norm over all rows,
-// 3e-2 per row (a wrong expert or a permuted token gives errors of order 1).
+// 3e-2 per row (a wrong expert or a permuted token gives errors of order 1). The aggregate bound
+// needs rows to average over: with fewer than kFrobMinRows rows the per-row bound alone applies (one
+// token with every top-k expert's block scales moved has been seen at 1.08e-2, skewed routing, m = 1).
 constexpr double kFrobTol = 1e-2, kRowTol = 3e-2;
+constexpr int kFrobMinRows = 4;
 
 struct CaseResult {
   std::string problem;
@@ -215,7 +218,7 @@ std::string check_forward(MoELayer& layer, const Model& md, const std::vector<ui
              " > " + std::to_string(kRowTol);
     err2 += e2, mag2 += m2;
   }
-  if (m > 0 && std::sqrt(err2) > kFrobTol * std::sqrt(mag2))
+  if (m >= kFrobMinRows && std::sqrt(err2) > kFrobTol * std::sqrt(mag2))
     return "relative Frobenius error " + std::to_string(std::sqrt(err2 / mag2)) + " > " + std::to_string(kFrobTol);
   // Rows >= m keep their poison (0xffff: a bf16 NaN pattern).
   for (size_t k = static_cast<size_t>(m) * H; k < out.size(); ++k)

@@ -319,14 +319,14 @@ TEST(PlanMoeCalibration, LayerRowsPreferTheDefaultSharedPlacement) {
   const ModelSpec m = load_model("deepseek-v3");
   const GpuSpec g = load_gpu("h200");
   const Calibration cal = calibration_from_json(
-      doc(layer_row("none", 1, 256, 4, 2, 900, "masked", false, "in_stream") + "," +
-          layer_row("none", 1, 256, 4, 2, 700, "masked", false, "concurrent") + "," +
-          layer_row("none", 1, 256, 4, 2, 650, "packed", false, "concurrent")),
+      doc(layer_row("none", 1, 256, 4, 2, 900, "packed", false, "in_stream") + "," +
+          layer_row("none", 1, 256, 4, 2, 700, "packed", false, "concurrent") + "," +
+          layer_row("none", 1, 256, 4, 2, 650, "masked", false, "concurrent")),
       m);
   const PlanPoint ep1 = estimate(m, g, cfg(1, 4), {}, &cal);
   ASSERT_TRUE(ep1.layer_check.has_value()) << ep1.layer_check_note;
   EXPECT_EQ(ep1.layer_check->row.shared, "concurrent");
-  EXPECT_EQ(ep1.layer_check->row.layout, "masked");
+  EXPECT_EQ(ep1.layer_check->row.layout, "packed");
   EXPECT_DOUBLE_EQ(ep1.layer_check->row.graph_us, 700);
   const std::string bad = error_of(
       [&] { calibration_from_json(doc(layer_row("none", 1, 256, 4, 2, 900, "masked", false, "sideways")), m); });
@@ -337,8 +337,8 @@ TEST(PlanMoeCalibration, LayerRowsMapOntoDeployments) {
   const ModelSpec m = load_model("deepseek-v3");
   const GpuSpec g = load_gpu("h200");
   const Calibration cal = calibration_from_json(
-      doc(layer_row("none", 1, 256, 4, 2, 900) + "," + layer_row("none", 1, 32, 4, 2, 400, "packed") + "," +
-          layer_row("none", 1, 32, 4, 2, 300, "masked", true) + "," + layer_row("microbatch", 2, 128, 4, 2, 500)),
+      doc(layer_row("none", 1, 256, 4, 2, 900) + "," + layer_row("none", 1, 32, 4, 2, 400, "masked") + "," +
+          layer_row("none", 1, 32, 4, 2, 300, "packed", true) + "," + layer_row("microbatch", 2, 128, 4, 2, 500)),
       m);
   // E = 256 on one GPU is EP1 itself.
   const PlanPoint ep1 = estimate(m, g, cfg(1, 4), {}, &cal);
@@ -351,7 +351,7 @@ TEST(PlanMoeCalibration, LayerRowsMapOntoDeployments) {
   ASSERT_TRUE(ep8.layer_check.has_value()) << ep8.layer_check_note;
   const LayerCheck& lc = *ep8.layer_check;
   EXPECT_EQ(lc.match, "w1_proxy");
-  EXPECT_EQ(lc.row.layout, "masked");  // the layer's default layout is preferred
+  EXPECT_EQ(lc.row.layout, "packed");  // the layer's default layout is preferred
   EXPECT_DOUBLE_EQ(lc.row.graph_us, 300);
   ModelSpec rank = m;
   rank.num_routed_experts = 32;

@@ -152,16 +152,18 @@ std::vector<Row> bench_layer(const Options& o, const Ceilings& c, const L2Flush&
       std::printf("== MoE layer, W = %d, %d experts per GPU (E = %d, DeepSeek-V3 shapes, one shared expert), M = %d\n",
                   W, E, E * W, M);
     const Weights w(E, s, comm.rank());
-    // Schedule none twice: the shared expert on its own branch (the default) and in stream order,
-    // the same-run A/B of that placement.
+    // Every schedule in the layer's default layout (packed); schedule none also with the shared
+    // expert in stream order and in the masked layout: the same-run A/B of each default.
+    const ExpertLayout def = MoELayerConfig{}.layout;
+    const ExpertLayout other = def == ExpertLayout::kPacked ? ExpertLayout::kMasked : ExpertLayout::kPacked;
     struct Variant { MoESchedule sched; ExpertLayout layout; bool concurrent; };
     std::vector<Variant> variants;
     for (const std::string& sn : o.schedules) {
       const MoESchedule sc = parse_schedule(sn);
-      variants.push_back({sc, ExpertLayout::kMasked, true});
-      if (sc == MoESchedule::kNone) variants.push_back({sc, ExpertLayout::kMasked, false});
+      variants.push_back({sc, def, true});
+      if (sc == MoESchedule::kNone) variants.push_back({sc, def, false});
     }
-    variants.push_back({MoESchedule::kNone, ExpertLayout::kPacked, true});
+    variants.push_back({MoESchedule::kNone, other, true});
     for (const Variant& v : variants) {
       const MoELayerConfig lc = deepseek_config(comm, E, M, v.sched, v.layout, v.concurrent);
       MoELayer layer(comm, lc, w.views);
@@ -231,7 +233,7 @@ std::vector<Row> bench_layer(const Options& o, const Ceilings& c, const L2Flush&
       }
       // One graph for every m through the device count: captured at the largest bucket (M rows),
       // replayed with m set on the device (issue #14: one graph per bucket, or one for all sizes).
-      if (v.layout == ExpertLayout::kMasked && v.concurrent) {
+      if (v.layout == def && v.concurrent) {
         MoEBatch batch;
         batch.x = Tensor(x.get(), DType::kBF16, {M, kH});
         batch.out = Tensor(out.get(), DType::kBF16, {M, kH});
