@@ -8,12 +8,14 @@
 #include "epkit/moe/activation.hpp"
 #include "epkit/moe/reference.hpp"
 #include "expect_error.hpp"
+#include "host_testing.hpp"
 #include "reference/numerics.hpp"
 
 namespace epkit::moe {
 namespace {
 
-void* fake(uintptr_t a) { return reinterpret_cast<void*>(a); }
+using host_test::bf16;
+using host_test::fake;
 
 SiluMulQuantArgs masked(int L, int cap, int I) {
   SiluMulQuantArgs a;
@@ -91,12 +93,6 @@ TEST(SiluMulQuantValidate, Packed) {
   EXPECT_EPKIT_ERROR(check_silu_mul_quant_args(a), "expert_num_tokens has shape", "expected [L]");
   a = packed(1025, 64, 128);
   EXPECT_EPKIT_ERROR(check_silu_mul_quant_args(a), "L = 1025", "1024");
-}
-
-std::vector<uint16_t> bf16(const std::vector<float>& v) {
-  std::vector<uint16_t> h(v.size());
-  for (size_t i = 0; i < v.size(); ++i) h[i] = ref::float_to_bf16(v[i]);
-  return h;
 }
 
 TEST(SiluMulQuantReference, HandComputedRow) {

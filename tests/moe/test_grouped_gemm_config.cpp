@@ -12,10 +12,13 @@
 #include "epkit/error.hpp"
 #include "epkit/moe/grouped_gemm.hpp"
 #include "epkit/moe/reference_gemm.hpp"
+#include "host_testing.hpp"
 #include "reference/numerics.hpp"
 
 namespace epkit::moe {
 namespace {
+
+using host_test::fake;
 
 // Runs f and returns the epkit::Error message ("" if it did not throw).
 std::string error_of(const std::function<void()>& f) {
@@ -138,7 +141,6 @@ TEST(GroupedGemmConfig, TrafficFormulasSkipEmptyGroupsAndClampCounts) {
 }
 
 // Fake, never dereferenced device addresses with chosen alignment.
-void* fake(uintptr_t addr) { return reinterpret_cast<void*>(addr); }
 
 struct ArgsCase {
   GroupedGemmShape shape;

@@ -8,12 +8,14 @@
 #include "epkit/moe/quant.hpp"
 #include "epkit/moe/reference.hpp"
 #include "expect_error.hpp"
+#include "host_testing.hpp"
 #include "reference/numerics.hpp"
 
 namespace epkit::moe {
 namespace {
 
-void* fake(uintptr_t a) { return reinterpret_cast<void*>(a); }
+using host_test::bf16;
+using host_test::fake;
 
 ActQuantArgs act_args(int rows, int h, int m) {
   ActQuantArgs a;
@@ -87,12 +89,6 @@ TEST(QuantValidate, Weights) {
   EXPECT_NO_THROW(check_weight_quant_args(c));
   c.scale_inv = Tensor(fake(0x30000), DType::kFP32, {1, 2, 2});
   EXPECT_EPKIT_ERROR(check_weight_quant_args(c), "scale_inv has shape [1, 2, 2]", "expected 2 dims");
-}
-
-std::vector<uint16_t> bf16(const std::vector<float>& v) {
-  std::vector<uint16_t> h(v.size());
-  for (size_t i = 0; i < v.size(); ++i) h[i] = ref::float_to_bf16(v[i]);
-  return h;
 }
 
 TEST(QuantReference, ScaleIsAmaxOver448AndCodesRoundToNearest) {

@@ -13,28 +13,17 @@
 
 #include "epkit/moe/reference.hpp"
 #include "epkit/moe/router.hpp"
+#include "host_testing.hpp"
 #include "moe_testing.hpp"
 #include "reference/numerics.hpp"
 
 namespace epkit::moe {
 namespace {
 
+using host_test::deepseek;
+using host_test::mixtral;
 using moe_test::case_seed;
 using moe_test::DeviceArray;
-
-RouterConfig deepseek() {
-  RouterConfig c;
-  c.mode = RouterMode::kGroupedTopK;
-  c.num_experts = 256, c.topk = 8, c.num_groups = 8, c.topk_groups = 4, c.routed_scaling = 2.5f;
-  return c;
-}
-
-RouterConfig mixtral() {
-  RouterConfig c;
-  c.mode = RouterMode::kSoftmaxTopK;
-  c.num_experts = 8, c.topk = 2;
-  return c;
-}
 
 std::string describe(const RouterConfig& c, DType dt, int rows, int m) {
   return std::string(router_mode_name(c.mode)) + " E=" + std::to_string(c.num_experts) + " K=" + std::to_string(c.topk) +

@@ -9,25 +9,14 @@
 #include "epkit/moe/reference.hpp"
 #include "epkit/moe/router.hpp"
 #include "expect_error.hpp"
+#include "host_testing.hpp"
 
 namespace epkit::moe {
 namespace {
 
-void* fake(uintptr_t a = 0x10000) { return reinterpret_cast<void*>(a); }
-
-RouterConfig deepseek() {
-  RouterConfig c;
-  c.mode = RouterMode::kGroupedTopK;
-  c.num_experts = 256, c.topk = 8, c.num_groups = 8, c.topk_groups = 4, c.routed_scaling = 2.5f;
-  return c;
-}
-
-RouterConfig mixtral() {
-  RouterConfig c;
-  c.mode = RouterMode::kSoftmaxTopK;
-  c.num_experts = 8, c.topk = 2;
-  return c;
-}
+using host_test::deepseek;
+using host_test::fake;
+using host_test::mixtral;
 
 TEST(RouterValidate, AcceptsDeepSeekAndMixtral) {
   EXPECT_NO_THROW(validate(deepseek()));

@@ -9,9 +9,11 @@
 #include "epkit/error.hpp"
 #include "epkit/plan/cli.hpp"
 #include "epkit/plan/json.hpp"
+#include "plan/plan_testing.hpp"
 #include "epkit/plan/specs.hpp"
 
 using namespace epkit::plan;
+using namespace epkit::plan::testing_util;
 
 namespace {
 
@@ -29,12 +31,6 @@ std::string error_of(const std::vector<std::string>& args) {
     return e.what();
   }
   return "no error";
-}
-
-std::string temp_file(const std::string& name, const std::string& text) {
-  const std::string path = testing::TempDir() + name;
-  std::ofstream(path) << text;
-  return path;
 }
 
 }  // namespace

@@ -15,8 +15,10 @@
 #include "epkit/plan/calibration.hpp"
 #include "epkit/plan/cli.hpp"
 #include "epkit/plan/estimate.hpp"
+#include "plan/plan_testing.hpp"
 
 using namespace epkit::plan;
+using namespace epkit::plan::testing_util;
 
 namespace {
 
@@ -79,12 +81,6 @@ std::string error_of(const std::function<void()>& f) {
   return "no error";
 }
 
-std::string temp_file(const std::string& name, const std::string& text) {
-  const std::string path = testing::TempDir() + name;
-  std::ofstream(path) << text;
-  return path;
-}
-
 const KernelCost& kernel(const PlanPoint& p, const std::string& name) {
   for (const auto& k : p.moe_kernels)
     if (k.name == name) return k;
@@ -92,15 +88,6 @@ const KernelCost& kernel(const PlanPoint& p, const std::string& name) {
 }
 
 bool has(const std::vector<std::string>& v, const std::string& s) { return std::find(v.begin(), v.end(), s) != v.end(); }
-
-DeployConfig cfg(int ep, int batch, Schedule s = Schedule::kNoOverlap, int tp = 1) {
-  DeployConfig c;
-  c.ep = ep;
-  c.tp = tp;
-  c.batch = batch;
-  c.schedule = s;
-  return c;
-}
 
 // Every default up_gate/down grouped GEMM row of the benchmark grid at one roofline fraction.
 std::string gemm_grid(double f, const std::vector<int>& ms) {
@@ -253,7 +240,7 @@ TEST(PlanMoeCalibration, EstimateUsesMeasuredGroupGemmsWhereTheyApply) {
   // roofline at the file's ceilings divided by f, at the planner's own G and m.
   const Calibration cal = calibration_from_json(doc(gemm_grid(f, {1, 4, 16, 64, 256, 1024, 4096})), m);
   for (int batch : {1, 16, 128}) {
-    const PlanPoint p = estimate(m, g, cfg(8, batch), {}, &cal);
+    const PlanPoint p = estimate(m, g, cfg(8, 1, batch), {}, &cal);
     const double G = p.routing.active_experts_per_gpu, rows = p.routing.tokens_per_active_expert;
     for (const auto& [name, N, K] : {std::tuple{"moe_gate_up", 4096, 7168}, std::tuple{"moe_down", 7168, 2048}}) {
       const KernelCost& k = kernel(p, name);
@@ -271,19 +258,19 @@ TEST(PlanMoeCalibration, EstimateUsesMeasuredGroupGemmsWhereTheyApply) {
                             [](const std::string& t) { return t.rfind("group_gemm[moe_gate_up+moe_down]", 0) == 0; }),
               1);
     // Kernels the calibration has nothing for keep their modelled time.
-    EXPECT_DOUBLE_EQ(kernel(p, "attention").time_us, kernel(estimate(m, g, cfg(8, batch)), "attention").time_us);
+    EXPECT_DOUBLE_EQ(kernel(p, "attention").time_us, kernel(estimate(m, g, cfg(8, 1, batch)), "attention").time_us);
   }
   // Another GPU, a range that does not cover the point, a BF16 model: modelled, with the reason.
-  const KernelCost on_h100 = kernel(estimate(m, load_gpu("h100"), cfg(8, 128), {}, &cal), "moe_gate_up");
+  const KernelCost on_h100 = kernel(estimate(m, load_gpu("h100"), cfg(8, 1, 128), {}, &cal), "moe_gate_up");
   EXPECT_FALSE(on_h100.measured);
   EXPECT_NE(on_h100.note.find("not h100-sxm"), std::string::npos) << on_h100.note;
   const Calibration narrow = calibration_from_json(doc(gemm_grid(f, {16, 64})), m);
-  const PlanPoint small = estimate(m, g, cfg(8, 1), {}, &narrow);
+  const PlanPoint small = estimate(m, g, cfg(8, 1, 1), {}, &narrow);
   EXPECT_FALSE(kernel(small, "moe_gate_up").measured);
   EXPECT_NE(kernel(small, "moe_gate_up").note.find("outside the measured [16, 64]"), std::string::npos);
   EXPECT_TRUE(has(small.modelled_terms, "group_gemm"));
   const ModelSpec mixtral = load_model("mixtral");
-  const KernelCost bf16 = kernel(estimate(mixtral, g, cfg(8, 16), {}, &cal), "moe_gate_up");
+  const KernelCost bf16 = kernel(estimate(mixtral, g, cfg(8, 1, 16), {}, &cal), "moe_gate_up");
   EXPECT_FALSE(bf16.measured);
   EXPECT_NE(bf16.note.find("BF16"), std::string::npos);
 }
@@ -301,16 +288,16 @@ TEST(PlanMoeCalibration, MoeBlockIsTheLayerWithoutAttention) {
     return t;
   };
   // One GPU: dispatch and combine are local, so nothing waits and the block is its kernels.
-  const PlanPoint one = estimate(m, g, cfg(1, 8));
+  const PlanPoint one = estimate(m, g, cfg(1, 1, 8));
   EXPECT_NEAR(one.moe_block_time_us, block_kernels_us(one), 1e-9);
   EXPECT_LT(one.moe_block_time_us, one.moe_layer_time_us);
   // Micro-batching on one GPU hides nothing: two halves cost two half-size blocks.
-  EXPECT_NEAR(estimate(m, g, cfg(1, 8, Schedule::kMicroBatch)).moe_block_time_us, 2 * estimate(m, g, cfg(1, 4)).moe_block_time_us,
+  EXPECT_NEAR(estimate(m, g, cfg(1, 1, 8, Schedule::kMicroBatch)).moe_block_time_us, 2 * estimate(m, g, cfg(1, 1, 4)).moe_block_time_us,
               1e-9);
   // Over NVLink the block waits for its transfers; the shared expert can hide part of dispatch's.
-  const PlanPoint ep8 = estimate(m, g, cfg(8, 32));
+  const PlanPoint ep8 = estimate(m, g, cfg(8, 1, 32));
   EXPECT_GT(ep8.moe_block_time_us, block_kernels_us(ep8));
-  EXPECT_LT(estimate(m, g, cfg(8, 32, Schedule::kDispatchOverlap)).moe_block_time_us, ep8.moe_block_time_us);
+  EXPECT_LT(estimate(m, g, cfg(8, 1, 32, Schedule::kDispatchOverlap)).moe_block_time_us, ep8.moe_block_time_us);
 }
 
 // Schedule none is measured with the shared expert on its own branch (the layer's default) and in
@@ -323,7 +310,7 @@ TEST(PlanMoeCalibration, LayerRowsPreferTheDefaultSharedPlacement) {
           layer_row("none", 1, 256, 4, 2, 700, "packed", false, "concurrent") + "," +
           layer_row("none", 1, 256, 4, 2, 650, "masked", false, "concurrent")),
       m);
-  const PlanPoint ep1 = estimate(m, g, cfg(1, 4), {}, &cal);
+  const PlanPoint ep1 = estimate(m, g, cfg(1, 1, 4), {}, &cal);
   ASSERT_TRUE(ep1.layer_check.has_value()) << ep1.layer_check_note;
   EXPECT_EQ(ep1.layer_check->row.shared, "concurrent");
   EXPECT_EQ(ep1.layer_check->row.layout, "packed");
@@ -341,13 +328,13 @@ TEST(PlanMoeCalibration, LayerRowsMapOntoDeployments) {
           layer_row("none", 1, 32, 4, 2, 300, "packed", true) + "," + layer_row("microbatch", 2, 128, 4, 2, 500)),
       m);
   // E = 256 on one GPU is EP1 itself.
-  const PlanPoint ep1 = estimate(m, g, cfg(1, 4), {}, &cal);
+  const PlanPoint ep1 = estimate(m, g, cfg(1, 1, 4), {}, &cal);
   ASSERT_TRUE(ep1.layer_check.has_value()) << ep1.layer_check_note;
   EXPECT_EQ(ep1.layer_check->match, "exact");
   EXPECT_DOUBLE_EQ(ep1.layer_check->modelled_us, ep1.moe_block_time_us);
   EXPECT_DOUBLE_EQ(ep1.layer_check->ratio, 900 / ep1.moe_block_time_us);
   // E = 32 on one GPU stands for an EP8 rank: its model is one GPU whose routed experts are those 32.
-  const PlanPoint ep8 = estimate(m, g, cfg(8, 4), {}, &cal);
+  const PlanPoint ep8 = estimate(m, g, cfg(8, 1, 4), {}, &cal);
   ASSERT_TRUE(ep8.layer_check.has_value()) << ep8.layer_check_note;
   const LayerCheck& lc = *ep8.layer_check;
   EXPECT_EQ(lc.match, "w1_proxy");
@@ -355,7 +342,7 @@ TEST(PlanMoeCalibration, LayerRowsMapOntoDeployments) {
   EXPECT_DOUBLE_EQ(lc.row.graph_us, 300);
   ModelSpec rank = m;
   rank.num_routed_experts = 32;
-  const PlanPoint twin = estimate(rank, g, cfg(1, 4));
+  const PlanPoint twin = estimate(rank, g, cfg(1, 1, 4));
   EXPECT_DOUBLE_EQ(lc.modelled_us, twin.moe_block_time_us);
   EXPECT_NE(lc.modelled_us, ep8.moe_block_time_us);  // the deployment itself also pays the network
   ASSERT_EQ(lc.steps.size(), 3u);
@@ -364,18 +351,18 @@ TEST(PlanMoeCalibration, LayerRowsMapOntoDeployments) {
   EXPECT_DOUBLE_EQ(lc.steps[2].modelled_us, kernel(twin, "moe_gate_up").time_us);
   EXPECT_DOUBLE_EQ(lc.steps[2].measured_us, 40);
   // W = 2 rows with 128 experts per GPU are EP2 itself, schedule by schedule.
-  const PlanPoint ep2 = estimate(m, g, cfg(2, 4, Schedule::kMicroBatch), {}, &cal);
+  const PlanPoint ep2 = estimate(m, g, cfg(2, 1, 4, Schedule::kMicroBatch), {}, &cal);
   ASSERT_TRUE(ep2.layer_check.has_value()) << ep2.layer_check_note;
   EXPECT_EQ(ep2.layer_check->match, "exact");
-  EXPECT_FALSE(estimate(m, g, cfg(2, 4), {}, &cal).layer_check.has_value());
+  EXPECT_FALSE(estimate(m, g, cfg(2, 1, 4), {}, &cal).layer_check.has_value());
   // No row: another batch, TP above 1, another GPU. The note says why.
-  const PlanPoint other_batch = estimate(m, g, cfg(8, 5), {}, &cal);
+  const PlanPoint other_batch = estimate(m, g, cfg(8, 1, 5), {}, &cal);
   EXPECT_FALSE(other_batch.layer_check.has_value());
   EXPECT_NE(other_batch.layer_check_note.find("batch 5"), std::string::npos) << other_batch.layer_check_note;
-  EXPECT_NE(estimate(m, g, cfg(8, 4, Schedule::kNoOverlap, 2), {}, &cal).layer_check_note.find("TP1"), std::string::npos);
-  EXPECT_FALSE(estimate(m, load_gpu("h100"), cfg(8, 4), {}, &cal).layer_check.has_value());
+  EXPECT_NE(estimate(m, g, cfg(8, 2, 4, Schedule::kNoOverlap), {}, &cal).layer_check_note.find("TP1"), std::string::npos);
+  EXPECT_FALSE(estimate(m, load_gpu("h100"), cfg(8, 1, 4), {}, &cal).layer_check.has_value());
   // Without layer rows there is neither a check nor a note.
-  EXPECT_TRUE(estimate(m, g, cfg(8, 4)).layer_check_note.empty());
+  EXPECT_TRUE(estimate(m, g, cfg(8, 1, 4)).layer_check_note.empty());
 }
 
 TEST(PlanMoeCalibration, CliReadsSeveralFilesAndReportsTheLayer) {

@@ -9,19 +9,11 @@
 #include "epkit/plan/roofline.hpp"
 #include "epkit/plan/routing.hpp"
 #include "epkit/plan/specs.hpp"
+#include "plan/plan_testing.hpp"
 
 using namespace epkit::plan;
+using namespace epkit::plan::testing_util;
 
-namespace {
-DeployConfig cfg(int ep, int tp, int batch, Schedule s = Schedule::kNoOverlap) {
-  DeployConfig c;
-  c.ep = ep;
-  c.tp = tp;
-  c.batch = batch;
-  c.schedule = s;
-  return c;
-}
-}  // namespace
 
 TEST(PlanSpecs, BuiltinsLoadByNameAndAlias) {
   EXPECT_EQ(load_model("deepseek-v3").num_layers, 61);
