@@ -14,6 +14,16 @@ _PATHS = {"auto": _C.DataPath.auto, "portable": _C.DataPath.portable}
 _LAYOUTS = {"masked": _C.ExpertLayout.masked, "packed": _C.ExpertLayout.packed}
 
 
+def parse_enum(owner: str, field: str, value, names: dict, enum_type):
+    """value as a member of enum_type: the member itself, or its name in `names`; else EpkitError."""
+    if isinstance(value, enum_type):
+        return value
+    if value not in names:
+        raise EpkitError(f"{owner}.{field} = {value!r} is not one of {sorted(names)} "
+                         f"(or an epkit.{enum_type.__name__})")
+    return names[value]
+
+
 @dataclass
 class AllToAllConfig:
     """One expert-parallel dispatch/combine instance; fields and units as in include/epkit/config.hpp.
@@ -53,21 +63,11 @@ class AllToAllConfig:
         c.dispatch_dtype = to_epkit_dtype(self.dispatch_dtype)
         c.combine_in_dtype = to_epkit_dtype(self.combine_in_dtype)
         c.combine_out_dtype = to_epkit_dtype(self.combine_out_dtype)
-        if isinstance(self.layout, _C.ExpertLayout):
-            c.layout = self.layout
-        elif self.layout in _LAYOUTS:
-            c.layout = _LAYOUTS[self.layout]
-        else:
-            raise EpkitError(f"layout {self.layout!r} is not one of {sorted(_LAYOUTS)} (or an epkit.ExpertLayout)")
+        c.layout = parse_enum("AllToAllConfig", "layout", self.layout, _LAYOUTS, _C.ExpertLayout)
         c.capacity = int(self.capacity)
         c.packed_rows = int(self.packed_rows)
         c.packed_row_align = int(self.packed_row_align)
-        if isinstance(self.path, _C.DataPath):
-            c.path = self.path
-        elif self.path in _PATHS:
-            c.path = _PATHS[self.path]
-        else:
-            raise EpkitError(f"path {self.path!r} is not one of {sorted(_PATHS)} (or an epkit.DataPath)")
+        c.path = parse_enum("AllToAllConfig", "path", self.path, _PATHS, _C.DataPath)
         c.num_sms = int(self.num_sms)
         c.timeout_ms = int(self.timeout_ms)
         c.weights_at_dispatch = bool(self.weights_at_dispatch)

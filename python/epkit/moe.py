@@ -26,6 +26,7 @@ from . import _moe_impl as impl
 from . import _moe_ops, _ops
 from ._lib import EpkitError, _C
 from ._tensors import arg
+from .config import _LAYOUTS, parse_enum
 
 NumTokens = Union[None, int, torch.Tensor]
 
@@ -261,12 +262,7 @@ def choose_gemm_config(num_groups: int, n: int, k: int, rows: int, layout: str =
 
 
 def _layout(layout) -> "_C.ExpertLayout":
-    if isinstance(layout, _C.ExpertLayout):
-        return layout
-    names = {"masked": _C.ExpertLayout.masked, "packed": _C.ExpertLayout.packed}
-    if layout not in names:
-        raise EpkitError(f"layout {layout!r} is not one of {sorted(names)} (or an epkit.ExpertLayout)")
-    return names[layout]
+    return parse_enum("grouped GEMM", "layout", layout, _LAYOUTS, _C.ExpertLayout)
 
 
 class GroupedGemm:

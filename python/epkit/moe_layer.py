@@ -20,12 +20,12 @@ from . import _moe_impl as impl
 from . import _moe_ops, _ops
 from ._lib import EpkitError, _C
 from ._tensors import arg
+from .config import _LAYOUTS, parse_enum
 
 NumTokens = Union[None, int, torch.Tensor]
 
 _SCHEDULES = {"none": _C.MoESchedule.none, "dispatch_overlap": _C.MoESchedule.dispatch_overlap,
               "microbatch": _C.MoESchedule.microbatch}
-_LAYOUTS = {"masked": _C.ExpertLayout.masked, "packed": _C.ExpertLayout.packed}
 _STAGE_ROUTE, _STAGE_DISPATCH_SEND, _STAGE_EXPERTS, _STAGE_COMBINE_RECV = 0, 1, 2, 3
 
 # The MoELayerWeights fields, in the C++ constructor's order.
@@ -75,10 +75,10 @@ class MoELayerConfig:
         c.routed_scaling = float(self.routed_scaling)
         c.world_size = int(self.world_size if self.world_size is not None else _C.n_pes())
         c.rank = int(self.rank if self.rank is not None else _C.my_pe())
-        c.router_mode = _enum("router_mode", self.router_mode, {k: _C.RouterMode(v) for k, v in impl.ROUTER_MODES.items()},
-                              _C.RouterMode)
-        c.schedule = _enum("schedule", self.schedule, _SCHEDULES, _C.MoESchedule)
-        c.layout = _enum("layout", self.layout, _LAYOUTS, _C.ExpertLayout)
+        c.router_mode = parse_enum("MoELayerConfig", "router_mode", self.router_mode,
+                                   {k: _C.RouterMode(v) for k, v in impl.ROUTER_MODES.items()}, _C.RouterMode)
+        c.schedule = parse_enum("MoELayerConfig", "schedule", self.schedule, _SCHEDULES, _C.MoESchedule)
+        c.layout = parse_enum("MoELayerConfig", "layout", self.layout, _LAYOUTS, _C.ExpertLayout)
         return c
 
     def validate(self) -> None:
@@ -97,14 +97,6 @@ class MoELayerConfig:
     @classmethod
     def field_names(cls) -> List[str]:
         return [f.name for f in fields(cls)]
-
-
-def _enum(field, value, names, enum_type):
-    if isinstance(value, enum_type):
-        return value
-    if value not in names:
-        raise EpkitError(f"MoELayerConfig.{field} = {value!r} is not one of {sorted(names)}")
-    return names[value]
 
 
 class LayerRouting(NamedTuple):
