@@ -198,6 +198,21 @@ __device__ inline int resolve_num_tokens(const CommParams& p, const TokenCount& 
   return m;
 }
 
+// Word wd of token t's dispatch message header (layout.hpp): the token, three zero words, then
+// (expert, rank) per k from e[base + k] / rk[base + k], then the router weights (weights_at_dispatch;
+// -1 without topk_weights) and -1 padding.
+__device__ __forceinline__ int32_t header_word(int wd, int t, int K, const float* topk_weights, const int* e,
+                                               const int* rk, int base) {
+  if (wd == 0) return t;
+  if (wd < 4) return 0;
+  if (wd >= 4 + 2 * K) {
+    const int k = wd - 4 - 2 * K;
+    return topk_weights && k < K ? __float_as_int(topk_weights[static_cast<size_t>(t) * K + k]) : -1;
+  }
+  const int k = (wd - 4) / 2;
+  return ((wd - 4) & 1) ? rk[base + k] : e[base + k];
+}
+
 // The expert of entry i of topk_idx, or -1 when masked. Indices >= E are reported and masked.
 __device__ __forceinline__ int read_expert(const CommParams& p, const void* idx, int32_t type, int64_t i,
                                            int32_t phase, int32_t token, uint64_t seq, bool report) {

@@ -301,15 +301,8 @@ __device__ bool dispatch_send(const CommParams& p, const DispatchIO& io, uint64_
       // Slice 0 also carries the header and the scales.
       int32_t hw0 = 0, hw1 = 0;
       if (sl == 0) {
-        auto word = [&](int wd) -> int32_t {
-          if (wd == 0) return t;
-          if (wd < 4) return 0;
-          if (wd >= 4 + 2 * K) {  // router weights (weights_at_dispatch), then padding
-            const int k = wd - 4 - 2 * K;
-            return io.topk_weights && k < K ? __float_as_int(io.topk_weights[static_cast<size_t>(t) * K + k]) : -1;
-          }
-          const int k = (wd - 4) / 2;
-          return ((wd - 4) & 1) ? sm.tok_rk[ui * K + k] : sm.tok_e[ui * K + k];
+        auto word = [&](int wd) {
+          return header_word(wd, t, K, io.topk_weights, sm.tok_e, sm.tok_rk, ui * K);
         };
         hw0 = lane < hdr_words ? word(lane) : 0;
         hw1 = lane + 32 < hdr_words ? word(lane + 32) : 0;

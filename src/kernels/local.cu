@@ -289,15 +289,8 @@ __device__ void local_dispatch_send(const CommParams& p, const DispatchIO& io, i
       // Split: the message to self, header and scales with slice 0.
       uint8_t* msg = stage + static_cast<size_t>(t) * p.msg_bytes;
       if (sl == 0) {
-        auto word = [&](int wd) -> int32_t {
-          if (wd == 0) return t;
-          if (wd < 4) return 0;
-          if (wd >= 4 + 2 * K) {  // router weights (weights_at_dispatch), then padding
-            const int k = wd - 4 - 2 * K;
-            return io.topk_weights && k < K ? __float_as_int(io.topk_weights[static_cast<size_t>(t) * K + k]) : -1;
-          }
-          const int k = (wd - 4) / 2;
-          return ((wd - 4) & 1) ? sm.tok_rk[ui * K + k] : sm.tok_e[ui * K + k];
+        auto word = [&](int wd) {
+          return header_word(wd, t, K, io.topk_weights, sm.tok_e, sm.tok_rk, ui * K);
         };
         int32_t* h = reinterpret_cast<int32_t*>(msg);
         if (lane < hdr_words) h[lane] = word(lane);
