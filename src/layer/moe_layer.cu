@@ -6,7 +6,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <map>
 #include <utility>
 
 #include "epkit/error.hpp"
@@ -64,7 +63,7 @@ struct MoELayer::Impl {
   // The grouped GEMMs: one object per (role, config); run() picks by the call's token hint.
   enum Role { kW13 = 0, kW2 = 1, kShared13 = 2, kShared2 = 3 };
   moe::GroupedGemmShape shapes[4];
-  std::map<std::pair<int, std::string>, std::unique_ptr<moe::GroupedGemm>> gemms;
+  std::vector<std::unique_ptr<moe::GroupedGemm>> gemms[4];  // per role, one per compiled config
 
   struct Half {
     AllToAll* a2a = nullptr;
@@ -223,7 +222,7 @@ void MoELayer::Impl::build(const std::vector<AllToAll*>& borrowed, const Communi
   for (Role r : {kW13, kW2, kShared13, kShared2}) {
     if (cfg.num_shared_experts == 0 && (r == kShared13 || r == kShared2)) continue;
     for (const moe::GemmConfig& c : moe::available_gemm_configs())
-      gemms.emplace(std::make_pair(static_cast<int>(r), moe::to_string(c)), std::make_unique<moe::GroupedGemm>(shapes[r], c));
+      gemms[r].push_back(std::make_unique<moe::GroupedGemm>(shapes[r], c));
   }
 }
 
@@ -235,9 +234,9 @@ moe::GroupedGemm& MoELayer::Impl::gemm(Role r, int tokens) {
   const long em = r == kShared13 || r == kShared2 ? tokens : expected_rows_per_expert(cfg, tokens);
   s.expected_m = static_cast<int>(std::clamp<long>(em, 1, std::max(1, s.rows)));
   const moe::GemmConfig c = moe::choose_gemm_config(s);
-  const auto it = gemms.find(std::make_pair(static_cast<int>(r), moe::to_string(c)));
-  EPKIT_CHECK(it != gemms.end(), "MoELayer: grouped GEMM config ", moe::to_string(c), " was not built (internal error)");
-  return *it->second;
+  for (const auto& g : gemms[r])
+    if (g->config() == c) return *g;
+  EPKIT_FAIL("MoELayer: grouped GEMM config ", moe::to_string(c), " was not built (internal error)");
 }
 
 Tensor MoELayer::Impl::expert_tensor(const Half& hf, void* p, DType t, int64_t cols) const {

@@ -235,6 +235,9 @@ LayerMatch find_layer_row(const Calibration& cal, const ModelSpec& m, const std:
     return out;
   }
   const LayerMeasurement* best[2] = {nullptr, nullptr};  // exact, proxy
+  // The layer's defaults first: the packed layout, then (schedule none) the shared expert on its own
+  // branch.
+  auto rank_of = [](const LayerMeasurement& x) { return (x.layout == "packed" ? 2 : 0) + (x.shared == "concurrent"); };
   bool other_device = false;
   for (const auto& r : cal.layers) {
     if (r.experts != local || r.batch != batch || r.query_len != query_len || r.schedule != sched) continue;
@@ -244,9 +247,6 @@ LayerMatch find_layer_row(const Calibration& cal, const ModelSpec& m, const std:
       other_device = true;
       continue;
     }
-    // The layer's defaults first: the packed layout, then (schedule none) the shared expert on its
-    // own branch.
-    auto rank_of = [](const LayerMeasurement& x) { return (x.layout == "packed" ? 2 : 0) + (x.shared == "concurrent"); };
     if (!best[kind] || rank_of(r) > rank_of(*best[kind])) best[kind] = &r;
   }
   if (best[0] || best[1]) {
