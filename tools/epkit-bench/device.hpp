@@ -1,4 +1,5 @@
-// Device-memory helpers of epkit-bench: checked CUDA calls, an owning buffer, and input filling.
+// Device-memory helpers of epkit-bench (and epkit-moe, through epkit_bench_device): checked CUDA
+// calls, an owning buffer, and input filling.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -17,13 +18,14 @@ void cuda_check(cudaError_t err, const char* what);
 class DeviceBuffer {
  public:
   DeviceBuffer() = default;
-  DeviceBuffer(size_t bytes, const char* what);
+  explicit DeviceBuffer(size_t bytes, const char* what = "a device buffer");
   ~DeviceBuffer();
   DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(o.ptr_), bytes_(o.bytes_) { o.ptr_ = nullptr; o.bytes_ = 0; }
   DeviceBuffer& operator=(DeviceBuffer&& o) noexcept;
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
   void* get() const { return ptr_; }
+  template <typename T> T* as() const { return static_cast<T*>(ptr_); }
   size_t bytes() const { return bytes_; }
 
  private:

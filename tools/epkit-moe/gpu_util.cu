@@ -13,27 +13,6 @@
 
 namespace epkit::moebench {
 
-void cuda_check(cudaError_t err, const char* what) {
-  if (err != cudaSuccess) throw Error(std::string(what) + ": " + cudaGetErrorString(err));
-}
-
-Buffer::Buffer(size_t bytes) : n_(bytes) {
-  if (bytes == 0) return;
-  const cudaError_t e = cudaMalloc(&p_, bytes);
-  if (e != cudaSuccess) {
-    p_ = nullptr;
-    EPKIT_FAIL("cudaMalloc of ", bytes, " bytes failed: ", cudaGetErrorString(e));
-  }
-}
-Buffer::~Buffer() {
-  if (p_) cudaFree(p_);
-}
-Buffer& Buffer::operator=(Buffer&& o) noexcept {
-  std::swap(p_, o.p_);
-  std::swap(n_, o.n_);
-  return *this;
-}
-
 namespace {
 
 __device__ __forceinline__ uint64_t mix(uint64_t z) {

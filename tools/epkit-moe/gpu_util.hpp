@@ -9,31 +9,13 @@
 #include <functional>
 #include <vector>
 
+#include "device.hpp"  // tools/epkit-bench: cuda_check, DeviceBuffer
 #include "epkit/types.hpp"
 
 namespace epkit::moebench {
 
-// Throws epkit::Error "what: <CUDA message>".
-void cuda_check(cudaError_t err, const char* what);
-
-// cudaMalloc'd bytes, freed on destruction.
-class Buffer {
- public:
-  Buffer() = default;
-  explicit Buffer(size_t bytes);
-  ~Buffer();
-  Buffer(Buffer&& o) noexcept : p_(o.p_), n_(o.n_) { o.p_ = nullptr, o.n_ = 0; }
-  Buffer& operator=(Buffer&& o) noexcept;
-  Buffer(const Buffer&) = delete;
-  Buffer& operator=(const Buffer&) = delete;
-  void* get() const { return p_; }
-  template <typename T> T* as() const { return static_cast<T*>(p_); }
-  size_t bytes() const { return n_; }
-
- private:
-  void* p_ = nullptr;
-  size_t n_ = 0;
-};
+using bench::cuda_check;
+using Buffer = bench::DeviceBuffer;  // cudaMalloc'd bytes, freed on destruction
 
 // Fills `count` elements on the device with seeded values, never zero as a whole: fp8 / bf16 /
 // fp16 uniform in [-lo, hi] ("lo" mirrors "hi" by default), fp32 uniform in [lo, hi] (scales, logits).
