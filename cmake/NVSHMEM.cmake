@@ -1,21 +1,8 @@
 # Locates NVSHMEM and defines the imported targets epkit::nvshmem_host and epkit::nvshmem_device.
 # Search order (issue #2): 1. NVSHMEM_HOME (CMake or env), 2. the nvidia.nvshmem package of the
 # python3 on PATH, 3. the project-local install made by scripts/setup-deps.sh (.deps/nvshmem).
-set(_nvshmem_candidates "")
-if(DEFINED NVSHMEM_HOME)
-  list(APPEND _nvshmem_candidates "${NVSHMEM_HOME}")
-elseif(DEFINED ENV{NVSHMEM_HOME})
-  list(APPEND _nvshmem_candidates "$ENV{NVSHMEM_HOME}")
-endif()
-find_program(_epkit_python3 python3)
-if(_epkit_python3)
-  execute_process(
-    COMMAND "${_epkit_python3}" -c "import nvidia.nvshmem as m; print(m.__path__[0])"
-    OUTPUT_VARIABLE _nvshmem_py OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET RESULT_VARIABLE _rc)
-  if(_rc EQUAL 0 AND _nvshmem_py)
-    list(APPEND _nvshmem_candidates "${_nvshmem_py}")
-  endif()
-endif()
+include(${CMAKE_CURRENT_LIST_DIR}/DepCandidates.cmake)
+epkit_dep_candidates(_nvshmem_candidates NVSHMEM_HOME nvidia.nvshmem)
 list(APPEND _nvshmem_candidates "${PROJECT_SOURCE_DIR}/.deps/nvshmem")
 
 set(NVSHMEM_ROOT "")
