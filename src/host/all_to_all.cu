@@ -264,11 +264,13 @@ AllToAll::AllToAll(const Communicator& comm, const AllToAllConfig& cfg_in) : imp
       kernels::combine_smem_bytes(cfg.world_size)};
   I.local = cfg.world_size == 1 && local_kernels_enabled();
   if (I.local) {
-    // Small objects: one warp per (token, 2 KB slice) of the largest call, every block counting all
-    // tokens. Large ones: every SM, each block counting its own chunk.
+    // Small objects: one warp per (token, piece of a row, k) of the largest call, every block ranking
+    // all entries. Large ones: every SM, each block counting its own chunk.
     const bool large = kernels::local_large(p);
-    I.dispatch_shape = {large ? max_blocks : blocks_for(p.max_tokens * p.dispatch_slices),
-                        kernels::local_dispatch_smem_bytes(cfg.num_experts, cfg.experts_per_token)};
+    I.dispatch_shape = {
+        large ? max_blocks
+              : blocks_for(kernels::local_dispatch_units(p.max_tokens, cfg.experts_per_token, p.payload_bytes)),
+        kernels::local_dispatch_smem_bytes(cfg.num_experts, cfg.experts_per_token, p.max_tokens)};
     I.combine_shape = {blocks_for(kernels::local_combine_units(p.max_tokens, cfg.hidden, large)), 0};
   }
   EPKIT_CUDA_CHECK(cudaDeviceSynchronize());

@@ -41,15 +41,16 @@ struct ErrorRecord {
 // Stages stamped with %globaltimer by block 0, thread 0 when built with EPKIT_STAGE_TIMERS
 // (AllToAll::stage_timestamps reads them; the names are in stage_name()).
 enum Stage : int32_t {
-  kStDispatchStart = 0, kStHistogramDone, kStCountsWritten, kStSendDone, kStCountsArrived, kStOffsetsDone,
-  kStDataArrived, kStDispatchDone, kStCombineStart, kStWeightsSent, kStWeightsArrived, kStPartialsSent,
-  kStTokensSummed, kStBarrierPassed, kNumStages
+  kStDispatchStart = 0, kStTopkLoaded, kStHistogramDone, kStCountsWritten, kStSendDone, kStCountsArrived,
+  kStOffsetsDone, kStDataArrived, kStDispatchDone, kStCombineStart, kStMapLoaded, kStWeightsSent,
+  kStWeightsArrived, kStPartialsSent, kStTokensSummed, kStBarrierPassed, kNumStages
 };
 inline const char* stage_name(int s) {
-  static const char* n[] = {"dispatch start",  "histogram done", "counts written", "send done",
-                            "counts arrived",  "offsets done",   "data arrived",   "dispatch done",
-                            "combine start",   "weights sent",   "weights arrived", "partials sent",
-                            "tokens summed",   "barrier passed"};
+  static const char* n[] = {"dispatch start", "topk loaded",     "histogram done", "counts written",
+                            "send done",      "counts arrived",  "offsets done",   "data arrived",
+                            "dispatch done",  "combine start",   "map loaded",     "weights sent",
+                            "weights arrived", "partials sent",  "tokens summed",  "barrier passed"};
+  static_assert(sizeof(n) / sizeof(n[0]) == kNumStages, "one name per stage");
   return s >= 0 && s < kNumStages ? n[s] : "?";
 }
 

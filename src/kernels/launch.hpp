@@ -23,8 +23,10 @@ cudaError_t launch_combine(const CommParams& p, const CombineIO& io, DType in, D
                            bool do_recv, const LaunchShape& shape, cudaStream_t stream);
 
 // World size 1 (local.cu): the same calls without a peer. Shared memory of the dispatch kernel,
-// warp units of the combine kernel (large: local_large(params)), and the launchers.
-size_t local_dispatch_smem_bytes(int num_experts, int topk);
+// warp units of the small dispatch (one per (token, piece of a row, k)) and of the combine kernel
+// (large: local_large(params)), and the launchers.
+size_t local_dispatch_smem_bytes(int num_experts, int topk, int max_tokens);
+int local_dispatch_units(int max_tokens, int topk, int payload_bytes);
 int local_combine_units(int max_tokens, int hidden, bool large);
 cudaError_t launch_local_dispatch(const CommParams& p, const DispatchIO& io, bool do_send, bool do_recv,
                                   const LaunchShape& shape, cudaStream_t stream);

@@ -5,11 +5,12 @@
 // world_size == 1 (the data path does not matter there: there is no peer). This is a W = 1 fast path
 // of its own; it does not make the W >= 2 kernels (dispatch.cu, combine.cu) any faster.
 //
-// Dispatch (fused): every block counts the routing, gives its chunk of tokens their ranks within
-// their experts (own tokens only, so one run per expert, in an order set by shared atomics), and
-// stores x (and its scales) straight into expert_x; recv_map[t] = (t, expert_x row per k) tells
-// combine where each (t, k) went. Small objects (M < kLocalLargeTokens) count all m tokens in every
-// block, with no communication between blocks. Large ones count only their chunk and take their base
+// Dispatch (fused): give every (token, k) entry its rank within its expert, and store x (and its
+// scales) straight into expert_x; recv_map[t] = (t, expert_x row per k) tells combine where each
+// (t, k) went. Small objects (M < kLocalLargeTokens): every block ranks all m * K entries the same
+// way (in entry order, so the rows are deterministic), with no communication between blocks, and any
+// warp of the grid places any (token, piece of the row, k). Large ones: each block gives its own chunk
+// of tokens their ranks (in an order set by shared atomics), counts only that chunk and takes its base
 // in each expert with one global atomic per (block, expert); the packed layout then needs every
 // total before any offset, one grid-wide step (all blocks resident, as the fused kernels of every
 // world size assume), while the masked layout's last block writes the counts and nobody waits.
@@ -31,33 +32,70 @@ namespace epkit::kernels {
 
 namespace {
 
-constexpr int kRoundTokens = 64;  // own tokens placed per round
+constexpr int kRoundTokens = 64;  // own tokens placed per round (large objects)
 constexpr int kHistUnroll = 4;    // topk loads in flight per lane in the histogram
 constexpr int kUnroll = 4;        // 16-byte chunks per lane per dispatch slice (kSliceBytes)
 constexpr int kSliceChunks = kWarpSize * kUnroll;
 constexpr int kScaleRegs = 4;     // scales per lane held in registers (128 per token, H <= 16384)
 constexpr int kRowBatch = 8;      // expert rows whose loads combine keeps in flight together
+constexpr int kRankCounters = 8192;  // small objects: per-warp expert counters in shared memory
+#ifndef EPKIT_LOCAL_PIECE_CHUNKS
+#define EPKIT_LOCAL_PIECE_CHUNKS 4
+#endif
+// Small objects, fused: 16-byte chunks per lane of one scatter unit (kPieceChunks * 512 bytes per warp).
+constexpr int kPieceChunks = EPKIT_LOCAL_PIECE_CHUNKS;
+constexpr int kPieceBytes = kWarpSize * kPieceChunks * 16;
 
-// Shared memory of the dispatch kernel; the packed arrays only with the packed layout.
-struct LocalSmem {
-  int* cnt;      // [E] small: entries per expert over all m tokens; large: this block's chunk, then the totals
+// Small objects: the warps that rank the entries (each keeps E counters in shared memory).
+constexpr int rank_warps(int num_experts) {
+  return kRankCounters / num_experts < 1 ? 1 : (kRankCounters / num_experts > kWarps ? kWarps : kRankCounters / num_experts);
+}
+
+// Shared memory of the dispatch kernel. Both paths start with the counts (what dispatch_recv uses);
+// the packed arrays are used only with the packed layout.
+struct CountSmem {
+  int* cnt;    // [E] entries per expert: small, over all m tokens; large, this block's chunk, then the totals
+  int* first;  // [E + 1] packed: first row of each expert
+  int* wsum;   // [kWarps] scratch of block_aligned_prefix
+};
+__device__ __forceinline__ CountSmem carve_counts(int* smem, int E) {
+  CountSmem c;
+  c.cnt = smem;
+  c.first = c.cnt + E;
+  c.wsum = c.first + E + 1;
+  return c;
+}
+__host__ __device__ constexpr size_t count_smem_ints(int E) { return 2 * static_cast<size_t>(E) + 1 + kWarps; }
+
+// Large objects, after the counts.
+struct LocalSmem : CountSmem {
   int* run;      // [E] next rank within each expert of this block's tokens
   int* tok_e;    // [kRoundTokens][K] expert of each entry of the round's tokens (-1: none)
   int* tok_rk;   // [kRoundTokens][K] its rank within the expert (fused: its row of expert_x, -1 if none)
-  int* first;    // [E + 1] packed: first row of each expert
-  int* wsum;     // [kWarps] scratch of block_aligned_prefix
   int* last;     // [1] large masked: this block is the last to count
 };
-
 __device__ __forceinline__ LocalSmem carve(int* smem, int E, int K) {
   LocalSmem sm;
-  sm.cnt = smem;
-  sm.run = sm.cnt + E;
+  static_cast<CountSmem&>(sm) = carve_counts(smem, E);
+  sm.run = smem + count_smem_ints(E);
   sm.tok_e = sm.run + E;
   sm.tok_rk = sm.tok_e + kRoundTokens * K;
-  sm.first = sm.tok_rk + kRoundTokens * K;
-  sm.wsum = sm.first + E + 1;
-  sm.last = sm.wsum + kWarps;
+  sm.last = sm.tok_rk + kRoundTokens * K;
+  return sm;
+}
+
+// Small objects, after the counts: entry i = t * K + k of the n = m * K entries.
+struct SmallSmem : CountSmem {
+  int* wcnt;  // [rank_warps(E)][E] each ranking warp's entries per expert, then its base in each expert
+  int* ent;   // [max_tokens * K] expert of entry i (-1: none)
+  int* rk;    // [max_tokens * K] its rank within the expert (fused: its row of expert_x, -1 if none)
+};
+__device__ __forceinline__ SmallSmem carve_small(int* smem, int E, int max_entries) {
+  SmallSmem sm;
+  static_cast<CountSmem&>(sm) = carve_counts(smem, E);
+  sm.wcnt = smem + count_smem_ints(E);
+  sm.ent = sm.wcnt + static_cast<size_t>(rank_warps(E)) * E;
+  sm.rk = sm.ent + max_entries;
   return sm;
 }
 
@@ -75,7 +113,7 @@ __device__ __forceinline__ int local_rows(const CommParams& p) {
 // The counts (and packed offsets) from the per-expert totals in sm.cnt, and the overflow record.
 // packed: every block (they all need the first rows); the writer block writes the outputs. masked:
 // only the writer block calls it.
-__device__ void local_counts_out(const CommParams& p, const DispatchIO& io, const LocalSmem& sm, bool writer) {
+__device__ void local_counts_out(const CommParams& p, const DispatchIO& io, const CountSmem& sm, bool writer) {
   const int E = p.num_experts, cap = p.capacity;
   if (p.packed) {
     block_aligned_prefix(E, p.packed_row_align, [&](int e) { return sm.cnt[e]; }, sm.first, sm.wsum);
@@ -89,39 +127,245 @@ __device__ void local_counts_out(const CommParams& p, const DispatchIO& io, cons
   }
 }
 
-// Lane k holds `row` for entry k (-1: none): the warp stores its slice (kUnroll 16-byte chunks per
-// lane) into each of those rows of expert_x, and with sl == 0 the scales: the first 128 held in sc,
-// any further ones (hidden > 16384) read from src_sc.
+// The warp stores piece pc of a row (U 16-byte chunks per lane: 512 * U bytes) into row r of
+// expert_x and, with pc == 0, the scales: the first 128 held in sc, any further ones (hidden > 16384)
+// read from src_sc.
+template <int U>
+__device__ __forceinline__ void store_row_piece(const CommParams& p, const DispatchIO& io, const int4 (&v)[U],
+                                                const float (&sc)[kScaleRegs], const float* src_sc, int r, int pc,
+                                                int lane) {
+  const int chunks = p.payload_bytes / 16, ns = p.num_scales;
+  int4* dst = reinterpret_cast<int4*>(io.expert_x + static_cast<size_t>(r) * p.payload_bytes);
+#pragma unroll
+  for (int q = 0; q < U; ++q) {
+    const int c = (pc * U + q) * kWarpSize + lane;
+    if (c < chunks) dst[c] = v[q];
+  }
+  if (pc == 0 && ns > 0) {
+    float* ds = io.expert_x_scale + static_cast<size_t>(r) * ns;
+#pragma unroll
+    for (int i = 0; i < kScaleRegs; ++i)
+      if (i * kWarpSize + lane < ns) ds[i * kWarpSize + lane] = sc[i];
+    for (int x = kScaleRegs * kWarpSize + lane; x < ns; x += kWarpSize) ds[x] = __ldcg(src_sc + x);
+  }
+}
+
+// Lane k holds `row` for entry k (-1: none): the warp stores its slice into each of those rows.
 __device__ __forceinline__ void store_to_rows(const CommParams& p, const DispatchIO& io, const int4 (&v)[kUnroll],
                                               const float (&sc)[kScaleRegs], const float* src_sc, int row, int sl,
                                               int lane) {
-  const int K = p.topk, chunks = p.payload_bytes / 16, ns = p.num_scales;
+  const int K = p.topk;
 #pragma unroll
   for (int k = 0; k < kMaxTopK; ++k) {
     const int r = __shfl_sync(0xffffffffu, row, k);
     if (k >= K || r < 0) continue;
-    int4* dst = reinterpret_cast<int4*>(io.expert_x + static_cast<size_t>(r) * p.payload_bytes);
+    store_row_piece(p, io, v, sc, src_sc, r, sl, lane);
+  }
+}
+
+// Piece pc of token t (U 16-byte chunks per lane) and, with pc == 0, its first scales.
+template <int U>
+__device__ __forceinline__ void load_piece(const CommParams& p, const DispatchIO& io, int t, int pc, int lane,
+                                           int4 (&v)[U], float (&sc)[kScaleRegs]) {
+  const int chunks = p.payload_bytes / 16, ns = p.num_scales;
+  const int4* src = reinterpret_cast<const int4*>(io.x + static_cast<size_t>(t) * p.payload_bytes);
 #pragma unroll
-    for (int q = 0; q < kUnroll; ++q) {
-      const int c = sl * kSliceChunks + q * kWarpSize + lane;
-      if (c < chunks) dst[c] = v[q];
+  for (int q = 0; q < U; ++q) {
+    const int c = (pc * U + q) * kWarpSize + lane;
+    v[q] = c < chunks ? __ldg(src + c) : int4{};
+  }
+#pragma unroll
+  for (int i = 0; i < kScaleRegs; ++i)
+    sc[i] = pc == 0 && i * kWarpSize + lane < ns ? __ldg(io.x_scale + static_cast<size_t>(t) * ns + i * kWarpSize + lane)
+                                                 : 0.f;
+}
+__device__ __forceinline__ void load_slice(const CommParams& p, const DispatchIO& io, int t, int sl, int lane,
+                                           int4 (&v)[kUnroll], float (&sc)[kScaleRegs]) {
+  load_piece<kUnroll>(p, io, t, sl, lane, v, sc);
+}
+
+// The split send half's message to self for (token t, slice sl): header and scales with slice 0
+// (e, rk: the token's experts and ranks at e[base + k], rk[base + k]), then the payload slice.
+__device__ __forceinline__ void stage_message(const CommParams& p, const DispatchIO& io, const int4 (&v)[kUnroll],
+                                              const float (&sc)[kScaleRegs], int t, int sl, const int* e,
+                                              const int* rk, int base, int lane) {
+  const int K = p.topk, chunks = p.payload_bytes / 16, ns = p.num_scales, hdr_words = p.header_bytes / 4;
+  uint8_t* msg = sym_at<uint8_t>(p, p.off_dispatch_recv) + static_cast<size_t>(t) * p.msg_bytes;
+  if (sl == 0) {
+    auto word = [&](int wd) { return header_word(wd, t, K, io.topk_weights, e, rk, base); };
+    int32_t* h = reinterpret_cast<int32_t*>(msg);
+    if (lane < hdr_words) h[lane] = word(lane);
+    if (lane + 32 < hdr_words) h[lane + 32] = word(lane + 32);
+    float* ms = reinterpret_cast<float*>(msg + p.header_bytes);
+    const float* src_sc = io.x_scale + static_cast<size_t>(t) * ns;
+#pragma unroll
+    for (int i = 0; i < kScaleRegs; ++i)
+      if (i * kWarpSize + lane < ns) ms[i * kWarpSize + lane] = sc[i];
+    for (int x = kScaleRegs * kWarpSize + lane; x < ns; x += kWarpSize) ms[x] = __ldg(src_sc + x);
+  }
+  int4* pl = reinterpret_cast<int4*>(msg + p.payload_offset);
+#pragma unroll
+  for (int q = 0; q < kUnroll; ++q) {
+    const int c = sl * kSliceChunks + q * kWarpSize + lane;
+    if (c < chunks) pl[c] = v[q];
+  }
+}
+
+// Small objects (M < kLocalLargeTokens): dispatch and dispatch_send. Every block ranks all n = m * K
+// entries the same way, so that any warp of the grid can place any (token, piece, k) and nothing
+// passes between blocks. The rank of entry i within its expert is its position among the entries
+// of that expert in entry order (deterministic: every block computes the same row):
+//   1. warp w < R takes a contiguous range of 32-entry chunks and, chunk by chunk, gives each entry
+//      its rank within the warp's range so far (__match_any_sync groups the equal experts of a chunk);
+//   2. one thread per expert turns the R per-warp counts into each warp's base and the total;
+//   3. rank = base of its warp + rank within the warp (fused: the row of expert_x).
+// fused: then one warp per (t, piece, k) stores that piece (kPieceBytes) into its row, so a decode
+// call spreads its K rows over many warps and several SMs instead of one warp per slice storing all K;
+// each warp loads its next unit before it stores the current one. Split: one warp per (t, slice)
+// stages the message to self.
+__device__ void local_dispatch_small(const CommParams& p, const DispatchIO& io, int* smem, bool fused) {
+  const int E = p.num_experts, K = p.topk, nsd = p.dispatch_slices, ns = p.num_scales;
+  const int npc = (p.payload_bytes + kPieceBytes - 1) / kPieceBytes;  // pieces per row
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  const SmallSmem sm = carve_small(smem, E, p.max_tokens * K);
+#ifdef EPKIT_STAGE_TIMERS
+  if (blockIdx.x == 0 && threadIdx.x == 0)  // the stages this path does not stamp read 0
+    for (int s = 0; s < kNumStages; ++s) p.state->stage_ns[s] = 0;
+#endif
+  EPKIT_STAGE(p, kStDispatchStart);
+  const int m = resolve_num_tokens(p, io.m, kPhaseDispatchSend, 0, blockIdx.x == 0);
+  const int n = m * K;
+  const int units = fused ? m * npc * K : m * nsd;  // (t, piece, k) fused, (t, slice) split
+  const int gw = blockIdx.x * kWarps + warp, gstride = gridDim.x * kWarps;
+
+  // This warp's first unit, loaded now so that its latency hides behind the ranking: at decode sizes
+  // it is the only unit a warp has.
+  int4 pre[kPieceChunks] = {};
+  int4 pre_split[kUnroll] = {};
+  float pre_sc[kScaleRegs] = {};
+  if (gw < units) {
+    if (fused) {
+      load_piece<kPieceChunks>(p, io, gw / K / npc, gw / K % npc, lane, pre, pre_sc);
+    } else {
+      load_slice(p, io, gw / nsd, gw % nsd, lane, pre_split, pre_sc);
     }
-    if (sl == 0 && ns > 0) {
-      float* ds = io.expert_x_scale + static_cast<size_t>(r) * ns;
+  }
+
+  // 1. Ranks within each ranking warp's range (the first batch of indices is loaded before the
+  // counters are cleared, so that its latency hides behind that).
+  const int C = (n + kWarpSize - 1) / kWarpSize;
+  const int R = min(rank_warps(E), max(1, (C + 1) / 2));  // at least two chunks per ranking warp
+  const int c0 = warp < R ? C * warp / R : 0, c1 = warp < R ? C * (warp + 1) / R : 0;
+  int* wc = sm.wcnt + static_cast<size_t>(warp) * E;  // this warp's counters (warp < R)
+  int ex[kHistUnroll];
+  auto load_batch = [&](int c) {
 #pragma unroll
-      for (int i = 0; i < kScaleRegs; ++i)
-        if (i * kWarpSize + lane < ns) ds[i * kWarpSize + lane] = sc[i];
-      for (int x = kScaleRegs * kWarpSize + lane; x < ns; x += kWarpSize) ds[x] = __ldcg(src_sc + x);
+    for (int q = 0; q < kHistUnroll; ++q) {
+      const int i = (c + q) * kWarpSize + lane;
+      ex[q] = c + q < c1 && i < n ? read_expert(p, io.topk_idx, io.idx_type, i, kPhaseDispatchSend, i / K, 0,
+                                                blockIdx.x == 0)
+                                  : -1;
+    }
+  };
+  load_batch(c0);
+  for (int x = threadIdx.x; x < R * E; x += blockDim.x) sm.wcnt[x] = 0;
+  __syncthreads();
+  for (int c = c0; c < c1; c += kHistUnroll) {
+    if (c != c0) load_batch(c);
+#pragma unroll
+    for (int q = 0; q < kHistUnroll; ++q) {
+      if (c + q >= c1) break;  // uniform over the warp
+      const int e = ex[q], i = (c + q) * kWarpSize + lane;
+      const unsigned peers = __match_any_sync(0xffffffffu, e);
+      const int before = __popc(peers & ((1u << lane) - 1u));
+      const int lr = e >= 0 ? wc[e] + before : -1;
+      __syncwarp();
+      if (e >= 0 && before == 0) wc[e] += __popc(peers);  // the group's first lane
+      __syncwarp();
+      if (i < n) sm.ent[i] = e, sm.rk[i] = lr;
+    }
+  }
+  EPKIT_STAGE(p, kStTopkLoaded);  // warp 0 has its indices and their ranks within its range
+  __syncthreads();
+  // 2. Each ranking warp's base in each expert, and the totals.
+  for (int e = threadIdx.x; e < E; e += blockDim.x) {
+    int v[kWarps];
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) v[w] = w < R ? sm.wcnt[w * E + e] : 0;
+    int at = 0;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w)
+      if (w < R) sm.wcnt[w * E + e] = at, at += v[w];
+    sm.cnt[e] = at;
+  }
+  __syncthreads();
+  EPKIT_STAGE(p, kStHistogramDone);
+  if (fused) {
+    if (p.packed || blockIdx.x == 0) local_counts_out(p, io, sm, blockIdx.x == 0);  // packed: every block, ends synced
+  } else if (blockIdx.x == 0) {  // the totals and m for dispatch_recv
+    for (int e = threadIdx.x; e < E; e += blockDim.x) p.local_counts[e] = sm.cnt[e];
+    if (threadIdx.x == 0) p.state->local_m = m;
+  }
+  // 3. Rank (split) or row (fused) of every entry.
+  for (int c = c0; c < c1; ++c) {
+    const int i = c * kWarpSize + lane;
+    if (i >= n) break;
+    const int e = sm.ent[i];
+    const int rank = e >= 0 ? wc[e] + sm.rk[i] : 0;
+    sm.rk[i] = !fused ? rank : e >= 0 ? expert_row(p, e, rank, sm.first) : -1;
+  }
+  __syncthreads();
+  EPKIT_STAGE(p, kStOffsetsDone);
+
+  if (!fused) {
+    for (int q = gw; q < units; q += gstride) {
+      const int t = q / nsd, sl = q % nsd;
+      int4 v[kUnroll];
+      float sc[kScaleRegs];
+      if (q == gw) {
+#pragma unroll
+        for (int j = 0; j < kUnroll; ++j) v[j] = pre_split[j];
+#pragma unroll
+        for (int j = 0; j < kScaleRegs; ++j) sc[j] = pre_sc[j];
+      } else {
+        load_slice(p, io, t, sl, lane, v, sc);
+      }
+      stage_message(p, io, v, sc, t, sl, sm.ent, sm.rk, t * K, lane);
+    }
+    return;
+  }
+  // recv_map[t] = (t, row per k) and the weights where combine reads them: one thread per entry.
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+    const int t = i / K, k = i % K;
+    int32_t* map = p.recv_map + static_cast<size_t>(t) * (K + 1);
+    map[1 + k] = sm.rk[i];
+    if (k == 0) map[0] = t;
+    if (p.weights_at_dispatch) sym_at<uint64_t>(p, p.off_weights_recv)[i] = __float_as_uint(io.topk_weights[i]);
+  }
+  // One warp per (t, piece, k), the next unit's load in flight while the current one is stored.
+  for (int q = gw; q < units; q += gstride) {
+    int4 nxt[kPieceChunks];
+    float nxt_sc[kScaleRegs];
+    const int qn = q + gstride;
+    if (qn < units) load_piece<kPieceChunks>(p, io, qn / K / npc, qn / K % npc, lane, nxt, nxt_sc);
+    const int t = q / K / npc, pc = q / K % npc, k = q % K;
+    const int row = sm.rk[t * K + k];
+    if (row >= 0) store_row_piece(p, io, pre, pre_sc, ns ? io.x_scale + static_cast<size_t>(t) * ns : nullptr, row, pc, lane);
+    if (qn < units) {
+#pragma unroll
+      for (int j = 0; j < kPieceChunks; ++j) pre[j] = nxt[j];
+#pragma unroll
+      for (int j = 0; j < kScaleRegs; ++j) pre_sc[j] = nxt_sc[j];
     }
   }
 }
 
-// dispatch and dispatch_send. fused: scatter into expert_x; else stage the messages to self.
-template <bool kLarge>
-__device__ void local_dispatch_send(const CommParams& p, const DispatchIO& io, int* smem, bool fused) {
+// Large objects (M >= kLocalLargeTokens): dispatch and dispatch_send. Each block counts and ranks
+// its own chunk of tokens and takes its base in each expert from the global counters. fused: scatter
+// into expert_x; else stage the messages to self.
+__device__ void local_dispatch_large(const CommParams& p, const DispatchIO& io, int* smem, bool fused) {
   const int E = p.num_experts, K = p.topk, nsd = p.dispatch_slices, ns = p.num_scales;
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
-  const int chunks = p.payload_bytes / 16;
   const LocalSmem sm = carve(smem, E, K);
 #ifdef EPKIT_STAGE_TIMERS
   if (blockIdx.x == 0 && threadIdx.x == 0)  // the stages this path does not stamp read 0
@@ -138,27 +382,15 @@ __device__ void local_dispatch_send(const CommParams& p, const DispatchIO& io, i
   float pre_sc[kScaleRegs] = {};
   const int nr0 = min(kRoundTokens, u1 - u0);
   const bool prefetched = fused && warp < nr0 * nsd;
-  if (prefetched) {
-    const int t = u0 + warp / nsd, sl = warp % nsd;
-    const int4* src = reinterpret_cast<const int4*>(io.x + static_cast<size_t>(t) * p.payload_bytes);
-#pragma unroll
-    for (int q = 0; q < kUnroll; ++q) {
-      const int c = sl * kSliceChunks + q * kWarpSize + lane;
-      if (c < chunks) pre[q] = __ldg(src + c);
-    }
-#pragma unroll
-    for (int i = 0; i < kScaleRegs; ++i)
-      if (sl == 0 && i * kWarpSize + lane < ns)
-        pre_sc[i] = __ldg(io.x_scale + static_cast<size_t>(t) * ns + i * kWarpSize + lane);
-  }
+  if (prefetched) load_slice(p, io, u0 + warp / nsd, warp % nsd, lane, pre, pre_sc);
 
-  // Histogram, lanes in groups of G >= K (a power of two): lane k of a group reads entry k of one
-  // token, a warp reads 32 / G tokens with one coalesced load, kHistUnroll loads in flight per lane.
-  // Small: all m tokens (those before the chunk seed the ranks); large: this block's chunk. The first
-  // batch is loaded before the counters are cleared, so that its latency hides behind that.
+  // Histogram of this block's chunk, lanes in groups of G >= K (a power of two): lane k of a group
+  // reads entry k of one token, a warp reads 32 / G tokens with one coalesced load, kHistUnroll loads
+  // in flight per lane. The first batch is loaded before the counters are cleared, so that its
+  // latency hides behind that.
   {
-    const int h0 = kLarge ? u0 : 0, h1 = kLarge ? u1 : m;
-    const bool report = kLarge || blockIdx.x == 0;
+    const int h0 = u0, h1 = u1;
+    const bool report = true;
     const int G = K <= 1 ? 1 : K <= 2 ? 2 : K <= 4 ? 4 : K <= 8 ? 8 : 16;
     const int per_warp = kWarpSize / G, k = lane % G, sub = lane / G;
     const int step = kWarps * per_warp;
@@ -184,14 +416,13 @@ __device__ void local_dispatch_send(const CommParams& p, const DispatchIO& io, i
         if (u >= u0 && u < u0 + nr0 && k < K) sm.tok_e[(u - u0) * K + k] = e;  // phase A of round 0 reads it
         if (e < 0) continue;
         atomicAdd(&sm.cnt[e], 1);
-        if (!kLarge && u < u0) atomicAdd(&sm.run[e], 1);
       }
     }
   }
   __syncthreads();
 
   bool writer = blockIdx.x == 0;  // the block that writes the counts (and, split, the totals)
-  if constexpr (kLarge) {
+  {
     // This block's base in each expert: one global atomic per (block, expert) with entries. The
     // counters are zeroed by the combine that ends the layer.
     for (int e = threadIdx.x; e < E; e += blockDim.x) {
@@ -222,15 +453,11 @@ __device__ void local_dispatch_send(const CommParams& p, const DispatchIO& io, i
 
   if (fused) {
     if (p.packed || writer) local_counts_out(p, io, sm, writer);
-  } else if (blockIdx.x == 0) {  // the totals and m for dispatch_recv (large: the counters hold them)
-    if (!kLarge)
-      for (int e = threadIdx.x; e < E; e += blockDim.x) p.local_counts[e] = sm.cnt[e];
-    if (threadIdx.x == 0) p.state->local_m = m;
+  } else if (blockIdx.x == 0 && threadIdx.x == 0) {  // m for dispatch_recv (the counters hold the totals)
+    p.state->local_m = m;
   }
   EPKIT_STAGE(p, kStOffsetsDone);
 
-  const int hdr_words = p.header_bytes / 4;
-  uint8_t* stage = sym_at<uint8_t>(p, p.off_dispatch_recv);  // [M] messages to self (split calls)
   for (int r0 = u0; r0 < u1; r0 += kRoundTokens) {
     const int nr = min(kRoundTokens, u1 - r0);
     // Phase A: one warp per token takes its ranks (and, fused, its rows).
@@ -269,43 +496,13 @@ __device__ void local_dispatch_send(const CommParams& p, const DispatchIO& io, i
 #pragma unroll
         for (int i = 0; i < kScaleRegs; ++i) sc[i] = pre_sc[i];
       } else {
-        const int4* src = reinterpret_cast<const int4*>(io.x + static_cast<size_t>(t) * p.payload_bytes);
-#pragma unroll
-        for (int q = 0; q < kUnroll; ++q) {
-          const int c = sl * kSliceChunks + q * kWarpSize + lane;
-          if (c < chunks) v[q] = __ldg(src + c);
-        }
-#pragma unroll
-        for (int i = 0; i < kScaleRegs; ++i)
-          sc[i] = sl == 0 && i * kWarpSize + lane < ns
-                      ? __ldg(io.x_scale + static_cast<size_t>(t) * ns + i * kWarpSize + lane)
-                      : 0.f;
+        load_slice(p, io, t, sl, lane, v, sc);
       }
-      const float* src_sc = ns ? io.x_scale + static_cast<size_t>(t) * ns : nullptr;
       if (fused) {
-        store_to_rows(p, io, v, sc, src_sc, lane < K ? sm.tok_rk[ui * K + lane] : -1, sl, lane);
-        continue;
-      }
-      // Split: the message to self, header and scales with slice 0.
-      uint8_t* msg = stage + static_cast<size_t>(t) * p.msg_bytes;
-      if (sl == 0) {
-        auto word = [&](int wd) {
-          return header_word(wd, t, K, io.topk_weights, sm.tok_e, sm.tok_rk, ui * K);
-        };
-        int32_t* h = reinterpret_cast<int32_t*>(msg);
-        if (lane < hdr_words) h[lane] = word(lane);
-        if (lane + 32 < hdr_words) h[lane + 32] = word(lane + 32);
-        float* ms = reinterpret_cast<float*>(msg + p.header_bytes);
-#pragma unroll
-        for (int i = 0; i < kScaleRegs; ++i)
-          if (i * kWarpSize + lane < ns) ms[i * kWarpSize + lane] = sc[i];
-        for (int x = kScaleRegs * kWarpSize + lane; x < ns; x += kWarpSize) ms[x] = __ldg(src_sc + x);
-      }
-      int4* pl = reinterpret_cast<int4*>(msg + p.payload_offset);
-#pragma unroll
-      for (int q = 0; q < kUnroll; ++q) {
-        const int c = sl * kSliceChunks + q * kWarpSize + lane;
-        if (c < chunks) pl[c] = v[q];
+        store_to_rows(p, io, v, sc, ns ? io.x_scale + static_cast<size_t>(t) * ns : nullptr,
+                      lane < K ? sm.tok_rk[ui * K + lane] : -1, sl, lane);
+      } else {
+        stage_message(p, io, v, sc, t, sl, sm.tok_e, sm.tok_rk, ui * K, lane);
       }
     }
     __syncthreads();
@@ -318,7 +515,7 @@ __device__ void local_dispatch_recv(const CommParams& p, const DispatchIO& io, i
   const int E = p.num_experts, K = p.topk, nsd = p.dispatch_slices, ns = p.num_scales;
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
   const int chunks = p.payload_bytes / 16;
-  const LocalSmem sm = carve(smem, E, K);
+  const CountSmem sm = carve_counts(smem, E);
   const int m = *reinterpret_cast<const volatile int32_t*>(&p.state->local_m);
   for (int e = threadIdx.x; e < E; e += blockDim.x) sm.cnt[e] = p.local_counts[e];
   __syncthreads();
@@ -365,7 +562,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ int smem[];
   wait_previous_kernel();
   if (do_send) {
-    local_dispatch_send<kLarge>(p, io, smem, do_recv);
+    if constexpr (kLarge) {
+      local_dispatch_large(p, io, smem, do_recv);
+    } else {
+      local_dispatch_small(p, io, smem, do_recv);
+    }
   } else {
     local_dispatch_recv(p, io, smem);
   }
@@ -391,6 +592,7 @@ __device__ void local_combine_sum(const CommParams& p, const CombineIO& io, int 
                                  : io.topk_weights[static_cast<size_t>(t) * K + lane];
       if (row >= rows) row = -1;  // never read past expert_y, whatever the map holds
     }
+    if (q == blockIdx.x * kWarps + threadIdx.x / kWarpSize) EPKIT_STAGE(p, kStMapLoaded);  // thread 0's first row
 #pragma unroll
     for (int qq = 0; qq < kChunks; ++qq) {
       const int c = cu * per_unit + qq * kWarpSize + lane;
@@ -474,9 +676,16 @@ cudaError_t launch_local_out(const CommParams& p, const CombineIO& io, DType in,
 
 }  // namespace
 
-size_t local_dispatch_smem_bytes(int num_experts, int topk) {
-  return (3 * static_cast<size_t>(num_experts) + 1 + 2 * static_cast<size_t>(kRoundTokens) * topk + kWarps + 1) *
-         sizeof(int);
+size_t local_dispatch_smem_bytes(int num_experts, int topk, int max_tokens) {
+  const size_t E = static_cast<size_t>(num_experts), K = static_cast<size_t>(topk);
+  const size_t path = max_tokens >= kLocalLargeTokens
+                          ? E + 2 * static_cast<size_t>(kRoundTokens) * K + 1                         // LocalSmem
+                          : rank_warps(num_experts) * E + 2 * static_cast<size_t>(max_tokens) * K;  // SmallSmem
+  return (count_smem_ints(num_experts) + path) * sizeof(int);
+}
+
+int local_dispatch_units(int max_tokens, int topk, int payload_bytes) {
+  return max_tokens * topk * ((payload_bytes + kPieceBytes - 1) / kPieceBytes);
 }
 
 int local_combine_units(int max_tokens, int hidden, bool large) {

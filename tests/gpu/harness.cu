@@ -1,5 +1,7 @@
 #include "harness.hpp"
 
+#include "kernels/kernel_params.hpp"  // kLocalLargeTokens
+
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -354,6 +356,9 @@ std::string check_dispatch(const AllToAllConfig& cfg, const std::vector<GroupInp
       err << "expert_offsets[" << el << "] = " << offsets[el] << ", reference " << place.offsets[el];
       return err.str();
     }
+  const char* local_env = std::getenv("EPKIT_LOCAL_KERNELS");
+  const bool in_entry_order = cfg.world_size == 1 && cfg.max_tokens_per_rank < kernels::kLocalLargeTokens &&
+                              !(local_env && std::string(local_env) == "0");
   std::vector<char> covered(rows, 0);
   for (int el = 0; el < L; ++el) {
     const int want = place.count[el];
@@ -379,6 +384,18 @@ std::string check_dispatch(const AllToAllConfig& cfg, const std::vector<GroupInp
       const GroupInputs& in = groups[sl.group];
       ref.push_back(row_bytes(&in.x[static_cast<size_t>(sl.token) * pb],
                               ns ? &in.x_scale[static_cast<size_t>(sl.token) * ns] : nullptr));
+    }
+    // At world size 1 the small local dispatch ranks in entry order (local.cu): each expert's rows are
+    // the reference's slots in (token, k) order, and a cut expert keeps its first ones.
+    if (in_entry_order) {
+      for (int pos = 0; pos < want; ++pos)
+        if (got[pos] != ref[pos]) {
+          const ref::Slot& sl = slots[el][pos];
+          err << "expert " << el << ": row " << first + pos << " does not hold token " << sl.token << " (k = " << sl.k
+              << "), its entry-order slot " << pos << " (world size 1, M < " << kernels::kLocalLargeTokens << ")";
+          return err.str();
+        }
+      continue;
     }
     // One run per sender, in the order ref::dispatch_slots gives (own tokens first): each run must
     // hold exactly the reference's rows for that sender. Within a run the order is unspecified, so a
