@@ -7,11 +7,48 @@
 #                                                 on the GPU machine (carry ".ab"): builds epkit-bench
 #                                                 of each tree and runs the trees in turn, N rounds
 #
-# `run` prints one table row per (tree, round, case) and, last, the median over rounds per tree and
-# case, so a change smaller than the round-to-round spread shows as such. The JSON of every run is
-# kept in OUTDIR/<ref>-<round>.json. Default bench args: --preset decode --tokens 1,128 --no-baselines.
+#   scripts/bench-ab.sh prepare-lib NAME REF      here: build libepkit.so of REF (or of the working
+#                                                 tree with EPKIT_AB_FLAGS added to local.cu's compile
+#                                                 line, REF = .) into .ab/lib/NAME/, against ./build's
+#                                                 libepkit_moe.so (the expert kernels, unchanged by a
+#                                                 communication change): minutes on two cores, no GPU
+#   scripts/bench-ab.sh run-libs OUTDIR BUILD [--reps N] [-- epkit-bench args]
+#                                                 on the GPU machine (carry ".ab"): BUILD's epkit-bench
+#                                                 with BUILD's libepkit.so ("tip") and with each
+#                                                 .ab/lib/NAME/libepkit.so in turn, N rounds
+#
+# `run` and `run-libs` print one table row per (tree, round, case) and, last, the median over rounds
+# per tree and case, so a change smaller than the round-to-round spread shows as such. The JSON of
+# every run is kept in OUTDIR/<ref>-<round>.json. Default bench args: --preset decode --tokens 1,128
+# --no-baselines. run-libs swaps only the library (LD_LIBRARY_PATH comes before the binary's
+# RUNPATH), so it compares changes inside libepkit.so that keep its ABI: the bench binary is BUILD's.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+summarize() {  # summarize OUTDIR REPS TREE...: the table of every run, then the medians
+  python3 - "$@" <<'EOF'
+import json, statistics, sys
+out, reps, trees = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+F = ["dispatch_us_median", "combine_us_median", "total_us_median", "graph_total_us_median"]
+rows = {}
+for t in trees:
+    for r in range(1, reps + 1):
+        for row in json.load(open(f"{out}/{t}-{r}.json"))["rows"]:
+            if row["system"] != "epkit":
+                continue
+            path = row["path"] + ("+packed" if row.get("layout") == "packed" else "")
+            key = (t, row["preset"], row["tokens"], path)
+            rows.setdefault(key, []).append([row.get(f) for f in F])
+            print(f"{t:>10} round {r}  {row['preset']:<14} {row['tokens']:>5} {path:<26}",
+                  "  ".join(f"{v:9.1f}" if v is not None else "        -" for v in rows[key][-1]))
+print(f"\nmedian over {reps} rounds: dispatch, combine, total, graph (us)")
+for key, vals in sorted(rows.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][3], kv[0][0])):
+    med = [statistics.median(v[i] for v in vals) if all(v[i] is not None for v in vals) else None for i in range(len(F))]
+    spread = max(v[2] for v in vals) - min(v[2] for v in vals)
+    print(f"{key[0]:>10}  {key[1]:<14} {key[2]:>5} {key[3]:<26}",
+          "  ".join(f"{m:9.1f}" if m is not None else "        -" for m in med), f"  (total spread {spread:.1f})")
+EOF
+}
+
 cmd=${1:-}
 shift || true
 case "$cmd" in
@@ -70,31 +107,72 @@ case "$cmd" in
           --json "$OUT/$t-$r.json" > "$OUT/$t-$r.log" 2>&1 || { echo "bench of $t failed:"; tail -20 "$OUT/$t-$r.log"; exit 1; }
       done
     done
-    python3 - "$OUT" "$REPS" "${trees[@]}" <<'EOF'
-import json, statistics, sys
-out, reps, trees = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
-F = ["dispatch_us_median", "combine_us_median", "total_us_median", "graph_total_us_median"]
-rows = {}
-for t in trees:
-    for r in range(1, reps + 1):
-        for row in json.load(open(f"{out}/{t}-{r}.json"))["rows"]:
-            if row["system"] != "epkit":
-                continue
-            path = row["path"] + ("+packed" if row.get("layout") == "packed" else "")
-            key = (t, row["preset"], row["tokens"], path)
-            rows.setdefault(key, []).append([row.get(f) for f in F])
-            print(f"{t:>10} round {r}  {row['preset']:<14} {row['tokens']:>5} {path:<26}",
-                  "  ".join(f"{v:9.1f}" if v is not None else "        -" for v in rows[key][-1]))
-print(f"\nmedian over {reps} rounds: dispatch, combine, total, graph (us)")
-for key, vals in sorted(rows.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][3], kv[0][0])):
-    med = [statistics.median(v[i] for v in vals) if all(v[i] is not None for v in vals) else None for i in range(len(F))]
-    spread = max(v[2] for v in vals) - min(v[2] for v in vals)
-    print(f"{key[0]:>10}  {key[1]:<14} {key[2]:>5} {key[3]:<26}",
-          "  ".join(f"{m:9.1f}" if m is not None else "        -" for m in med), f"  (total spread {spread:.1f})")
-EOF
+    summarize "$OUT" "$REPS" "${trees[@]}"
+    ;;
+  prepare-lib)
+    NAME=${1:?usage: $0 prepare-lib NAME REF}
+    REF=${2:?usage: $0 prepare-lib NAME REF}
+    [ -f build/src/moe/libepkit_moe.so ] || { echo "build ./build first (its libepkit_moe.so is linked)" >&2; exit 2; }
+    dest="$PWD/.ab/lib/$NAME"
+    rm -rf "$dest" && mkdir -p "$dest"
+    if [ "$REF" = . ]; then
+      # The working tree's objects, local.cu recompiled with EPKIT_AB_FLAGS.
+      cmds=$(cd build && ninja -t commands src/libepkit.so)
+      cc=$(grep "kernels/local.cu" <<<"$cmds" | head -1)
+      cc=${cc/ -c / ${EPKIT_AB_FLAGS:-} -c }
+      cc=$(sed "s| -o src/CMakeFiles/epkit.dir/kernels/local.cu.o| -o $dest/local.cu.o|; s| -MD -MT [^ ]* -MF [^ ]*||" <<<"$cc")
+      (cd build && ninja src/libepkit.so >/dev/null && bash -c "$cc") || exit 1
+      tail -2 <<<"$cmds" | sed "s|src/CMakeFiles/epkit.dir/kernels/local.cu.o|$dest/local.cu.o|g; \
+        s|CMakeFiles/epkit.dir/cmake_device_link.o|$dest/dlink.o|g; s|-o src/libepkit.so|-o $dest/libepkit.so|" > "$dest/link.sh"
+      (cd build && bash "$dest/link.sh") || exit 1
+    else
+      src="$PWD/.ab-build/lib-src-$NAME" bld="$PWD/.ab-build/lib-$NAME"
+      rm -rf "$src" && mkdir -p "$src" && git archive "$REF" | tar -x -C "$src" || exit 1
+      NV=()
+      [ -f .deps/nvshmem/include/nvshmem.h ] && NV=(-DNVSHMEM_HOME="$PWD/.deps/nvshmem")
+      [ -f .deps/cutlass/include/cutlass/cutlass.h ] && NV+=(-DCUTLASS_HOME="$(cd .deps/cutlass && pwd -P)")
+      cmake -S "$src" -B "$bld" -G Ninja -DCMAKE_BUILD_TYPE=Release -DEPKIT_BUILD_TESTS=OFF "${NV[@]}" >/dev/null || exit 1
+      cmds=$(cd "$bld" && ninja -t commands src/libepkit.so)
+      objs=$(cd "$bld" && ninja -t inputs src/libepkit.so | grep 'CMakeFiles/epkit.dir/.*\.o$' | grep -v cmake_device_link)
+      (cd "$bld" && ninja epkit_core $objs >/dev/null) || exit 1
+      mkdir -p "$bld/CMakeFiles/epkit.dir"
+      tail -2 <<<"$cmds" | sed "s|src/moe/libepkit_moe.so|$PWD/build/src/moe/libepkit_moe.so|g; s|-o src/libepkit.so|-o $dest/libepkit.so|" > "$dest/link.sh"
+      (cd "$bld" && bash "$dest/link.sh") || exit 1
+    fi
+    echo "$REF${EPKIT_AB_FLAGS:+ with $EPKIT_AB_FLAGS} -> .ab/lib/$NAME/libepkit.so"
+    ;;
+  run-libs)
+    OUT=${1:?usage: $0 run-libs OUTDIR BUILD [--reps N] [-- bench args]}
+    BLD=${2:?usage: $0 run-libs OUTDIR BUILD [--reps N] [-- bench args]}
+    shift 2
+    REPS=2
+    BENCH_ARGS=(--preset decode --tokens 1,128 --no-baselines)
+    while [ $# -gt 0 ]; do
+      case "$1" in
+        --reps) REPS=$2; shift 2 ;;
+        --) shift; BENCH_ARGS=("$@"); break ;;
+        *) echo "unknown option $1" >&2; exit 2 ;;
+      esac
+    done
+    mkdir -p "$OUT"
+    export NVSHMEM_DISABLE_NVLS=1 NCCL_NVLS_ENABLE=0
+    ngpu=$(nvidia-smi -L | grep -c '^GPU')
+    trees=(tip)
+    for t in .ab/lib/*/; do [ -f "$t/libepkit.so" ] && trees+=("$(basename "$t")"); done
+    base="$PWD/$BLD/src/moe:$PWD/.deps/nvshmem/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    for r in $(seq 1 "$REPS"); do
+      for t in "${trees[@]}"; do
+        if [ "$t" = tip ]; then lib="$PWD/$BLD/src"; else lib="$PWD/.ab/lib/$t"; fi
+        [ "$r" = 1 ] && LD_LIBRARY_PATH="$lib:$base" ldd "$BLD/bin/epkit-bench" | grep libepkit > "$OUT/$t-ldd.txt"
+        LD_LIBRARY_PATH="$lib:$base" "$BLD/bin/epkit-run" -n "$ngpu" -- "$BLD/bin/epkit-bench" "${BENCH_ARGS[@]}" \
+          --json "$OUT/$t-$r.json" > "$OUT/$t-$r.log" 2>&1 || { echo "bench of $t failed:"; tail -20 "$OUT/$t-$r.log"; exit 1; }
+      done
+    done
+    summarize "$OUT" "$REPS" "${trees[@]}"
     ;;
   *)
     echo "usage: $0 prepare REF... | $0 run OUTDIR [--reps N] [-- bench args]" >&2
+    echo "       $0 prepare-lib NAME REF | $0 run-libs OUTDIR BUILD [--reps N] [-- bench args]" >&2
     exit 2
     ;;
 esac

@@ -20,6 +20,7 @@
 #                stage stamps of the local kernels at W = 1, decode and decode-v2lite, 1 and 128 tokens
 #   w1-ncu       (issue #15) the profiler's own kernel times (gpu__time_duration) of the local
 #                dispatch / combine kernels at 1 and 128 tokens, against the event-timed figures
+#                (NCU_CACHE=none: warm caches, as in the benchmark; default all: flushed before each)
 #   comm-x2      (2 GPUs, issue #17) epkit-bench at EP2 with the baselines, both layouts, + weights at dispatch
 #   layer-x2     (2 GPUs, issue #17) epkit-moe layer at EP2, 128 local experts per rank
 # Usage: scripts/gpu-session.sh LOGDIR PHASE... ; env BUILD (default build-gpu), PHASE_TIMEOUT (s).
@@ -72,7 +73,7 @@ for p in "$@"; do
     w1-stages) phase w1-stages "${PHASE_TIMEOUT:-240}" "cmake -S . -B build-stages -G Ninja -DCMAKE_BUILD_TYPE=Release -DEPKIT_STAGE_TIMERS=ON >/dev/null && \
         cmake --build build-stages -j \$(nproc) --target epkit-bench epkit-run >/dev/null && \
         build-stages/bin/epkit-run -n 1 -- build-stages/bin/epkit-bench --preset decode,decode-v2lite --tokens 1,128 --no-baselines --stage-timers" ;;
-    w1-ncu) phase w1-ncu "${PHASE_TIMEOUT:-180}" "for t in 1 128; do ncu --clock-control none --target-processes all --kernel-name regex:local_ \
+    w1-ncu) phase w1-ncu "${PHASE_TIMEOUT:-180}" "for t in 1 128; do ncu --clock-control none --cache-control ${NCU_CACHE:-all} --target-processes all --kernel-name regex:local_ \
         --launch-skip 400 --launch-count 12 --metrics gpu__time_duration.sum,sm__cycles_active.max,smsp__warps_launched.sum \
         $BUILD/bin/epkit-run -n 1 -- $BUILD/bin/epkit-bench --preset decode --tokens \$t --no-baselines 2>&1 | grep -E 'local_|gpu__time|cycles_active|warps_launched|total_us|epkit  ' ; done" ;;
     comm-x2) phase comm-x2 "${PHASE_TIMEOUT:-420}" "$BUILD/bin/epkit-run -n 2 -- $BUILD/bin/epkit-bench --preset decode,decode-v2lite,prefill --layout masked,packed --json bench/results/h200x2-latest.json && \
