@@ -116,14 +116,20 @@ case "$cmd" in
     dest="$PWD/.ab/lib/$NAME"
     rm -rf "$dest" && mkdir -p "$dest"
     if [ "$REF" = . ]; then
-      # The working tree's objects, local.cu recompiled with EPKIT_AB_FLAGS.
+      # The working tree's objects, local.cu and all_to_all.cu (its stage-stamp reader) recompiled
+      # with EPKIT_AB_FLAGS (e.g. -DEPKIT_STAGE_TIMERS for stage stamps of the W = 1 kernels).
       cmds=$(cd build && ninja -t commands src/libepkit.so)
-      cc=$(grep "kernels/local.cu" <<<"$cmds" | head -1)
-      cc=${cc/ -c / ${EPKIT_AB_FLAGS:-} -c }
-      cc=$(sed "s| -o src/CMakeFiles/epkit.dir/kernels/local.cu.o| -o $dest/local.cu.o|; s| -MD -MT [^ ]* -MF [^ ]*||" <<<"$cc")
-      (cd build && ninja src/libepkit.so >/dev/null && bash -c "$cc") || exit 1
-      tail -2 <<<"$cmds" | sed "s|src/CMakeFiles/epkit.dir/kernels/local.cu.o|$dest/local.cu.o|g; \
-        s|CMakeFiles/epkit.dir/cmake_device_link.o|$dest/dlink.o|g; s|-o src/libepkit.so|-o $dest/libepkit.so|" > "$dest/link.sh"
+      (cd build && ninja src/libepkit.so >/dev/null) || exit 1
+      relink=$(tail -2 <<<"$cmds" | sed "s|CMakeFiles/epkit.dir/cmake_device_link.o|$dest/dlink.o|g; s|-o src/libepkit.so|-o $dest/libepkit.so|")
+      for f in kernels/local host/all_to_all; do
+        o="src/CMakeFiles/epkit.dir/$f.cu.o"
+        cc=$(grep -- "-o $o" <<<"$cmds" | head -1)
+        cc=${cc/ -c / ${EPKIT_AB_FLAGS:-} -c }
+        cc=$(sed "s| -o $o| -o $dest/$(basename $f).o|; s| -MD -MT [^ ]* -MF [^ ]*||" <<<"$cc")
+        (cd build && bash -c "$cc") || exit 1
+        relink=$(sed "s|$o|$dest/$(basename $f).o|g" <<<"$relink")
+      done
+      echo "$relink" > "$dest/link.sh"
       (cd build && bash "$dest/link.sh") || exit 1
     else
       src="$PWD/.ab-build/lib-src-$NAME" bld="$PWD/.ab-build/lib-$NAME"
@@ -139,6 +145,7 @@ case "$cmd" in
       tail -2 <<<"$cmds" | sed "s|src/moe/libepkit_moe.so|$PWD/build/src/moe/libepkit_moe.so|g; s|-o src/libepkit.so|-o $dest/libepkit.so|" > "$dest/link.sh"
       (cd "$bld" && bash "$dest/link.sh") || exit 1
     fi
+    rm -f "$dest"/*.o  # only the library travels
     echo "$REF${EPKIT_AB_FLAGS:+ with $EPKIT_AB_FLAGS} -> .ab/lib/$NAME/libepkit.so"
     ;;
   run-libs)
@@ -159,7 +166,9 @@ case "$cmd" in
     ngpu=$(nvidia-smi -L | grep -c '^GPU')
     trees=(tip)
     for t in .ab/lib/*/; do [ -f "$t/libepkit.so" ] && trees+=("$(basename "$t")"); done
-    base="$PWD/$BLD/src/moe:$PWD/.deps/nvshmem/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    # The libraries BUILD's binaries find through their RUNPATH: its own MoE library and NVSHMEM's.
+    nvlib=$(sed -n 's|^_nvshmem_host:FILEPATH=||p' "$BLD/CMakeCache.txt")
+    base="$PWD/$BLD/src/moe${nvlib:+:$(dirname "$nvlib")}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     for r in $(seq 1 "$REPS"); do
       for t in "${trees[@]}"; do
         if [ "$t" = tip ]; then lib="$PWD/$BLD/src"; else lib="$PWD/.ab/lib/$t"; fi

@@ -217,8 +217,9 @@ __device__ __forceinline__ void stage_message(const CommParams& p, const Dispatc
 // of that expert in entry order (deterministic: every block computes the same row):
 //   1. warp w < R takes a contiguous range of 32-entry chunks and, chunk by chunk, gives each entry
 //      its rank within the warp's range so far (__match_any_sync groups the equal experts of a chunk);
-//   2. one thread per expert turns the R per-warp counts into each warp's base and the total;
-//   3. rank = base of its warp + rank within the warp (fused: the row of expert_x).
+//   2. one thread per expert turns the R per-warp counts into each warp's base and the total
+//      (skipped with one ranking warp, m * K <= 64: its counts are the totals);
+//   3. rank = base of its warp + rank within the warp, computed where a row is needed.
 // fused: then one warp per (t, piece, k) stores that piece (kPieceBytes) into its row, so a decode
 // call spreads its K rows over many warps and several SMs instead of one warp per slice storing all K;
 // each warp loads its next unit before it stores the current one. Split: one warp per (t, slice)
@@ -251,8 +252,8 @@ __device__ void local_dispatch_small(const CommParams& p, const DispatchIO& io, 
     }
   }
 
-  // 1. Ranks within each ranking warp's range (the first batch of indices is loaded before the
-  // counters are cleared, so that its latency hides behind that).
+  // 1. Ranks within each ranking warp's range. Each ranking warp clears its own counters while its
+  // first indices load, so that no block-wide step comes before the ranking.
   const int C = (n + kWarpSize - 1) / kWarpSize;
   const int R = min(rank_warps(E), max(1, (C + 1) / 2));  // at least two chunks per ranking warp
   const int c0 = warp < R ? C * warp / R : 0, c1 = warp < R ? C * (warp + 1) / R : 0;
@@ -267,57 +268,66 @@ __device__ void local_dispatch_small(const CommParams& p, const DispatchIO& io, 
                                   : -1;
     }
   };
-  load_batch(c0);
-  for (int x = threadIdx.x; x < R * E; x += blockDim.x) sm.wcnt[x] = 0;
-  __syncthreads();
-  for (int c = c0; c < c1; c += kHistUnroll) {
-    if (c != c0) load_batch(c);
+  if (warp < R) {
+    load_batch(c0);
+    for (int x = lane; x < E; x += kWarpSize) wc[x] = 0;
+    __syncwarp();
+    for (int c = c0; c < c1; c += kHistUnroll) {
+      if (c != c0) load_batch(c);
 #pragma unroll
-    for (int q = 0; q < kHistUnroll; ++q) {
-      if (c + q >= c1) break;  // uniform over the warp
-      const int e = ex[q], i = (c + q) * kWarpSize + lane;
-      const unsigned peers = __match_any_sync(0xffffffffu, e);
-      const int before = __popc(peers & ((1u << lane) - 1u));
-      const int lr = e >= 0 ? wc[e] + before : -1;
-      __syncwarp();
-      if (e >= 0 && before == 0) wc[e] += __popc(peers);  // the group's first lane
-      __syncwarp();
-      if (i < n) sm.ent[i] = e, sm.rk[i] = lr;
+      for (int q = 0; q < kHistUnroll; ++q) {
+        if (c + q >= c1) break;  // uniform over the warp
+        const int e = ex[q], i = (c + q) * kWarpSize + lane;
+        const unsigned peers = __match_any_sync(0xffffffffu, e);
+        const int before = __popc(peers & ((1u << lane) - 1u));
+        const int lr = e >= 0 ? wc[e] + before : -1;
+        __syncwarp();
+        if (e >= 0 && before == 0) wc[e] += __popc(peers);  // the group's first lane
+        __syncwarp();
+        if (i < n) sm.ent[i] = e, sm.rk[i] = lr;
+      }
     }
   }
   EPKIT_STAGE(p, kStTopkLoaded);  // warp 0 has its indices and their ranks within its range
   __syncthreads();
-  // 2. Each ranking warp's base in each expert, and the totals.
-  for (int e = threadIdx.x; e < E; e += blockDim.x) {
-    int v[kWarps];
+  // 2. Each ranking warp's base in each expert, and the totals (one ranking warp: its counts are the
+  // totals and every base is 0).
+  CountSmem cs = sm;
+  if (R == 1) {
+    cs.cnt = sm.wcnt;
+  } else {
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+      int v[kWarps];
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) v[w] = w < R ? sm.wcnt[w * E + e] : 0;
-    int at = 0;
+      for (int w = 0; w < kWarps; ++w) v[w] = w < R ? sm.wcnt[w * E + e] : 0;
+      int at = 0;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w)
-      if (w < R) sm.wcnt[w * E + e] = at, at += v[w];
-    sm.cnt[e] = at;
+      for (int w = 0; w < kWarps; ++w)
+        if (w < R) sm.wcnt[w * E + e] = at, at += v[w];
+      sm.cnt[e] = at;
+    }
+    __syncthreads();
   }
-  __syncthreads();
   EPKIT_STAGE(p, kStHistogramDone);
-  if (fused) {
-    if (p.packed || blockIdx.x == 0) local_counts_out(p, io, sm, blockIdx.x == 0);  // packed: every block, ends synced
-  } else if (blockIdx.x == 0) {  // the totals and m for dispatch_recv
-    for (int e = threadIdx.x; e < E; e += blockDim.x) p.local_counts[e] = sm.cnt[e];
-    if (threadIdx.x == 0) p.state->local_m = m;
-  }
-  // 3. Rank (split) or row (fused) of every entry.
-  for (int c = c0; c < c1; ++c) {
-    const int i = c * kWarpSize + lane;
-    if (i >= n) break;
-    const int e = sm.ent[i];
-    const int rank = e >= 0 ? wc[e] + sm.rk[i] : 0;
-    sm.rk[i] = !fused ? rank : e >= 0 ? expert_row(p, e, rank, sm.first) : -1;
-  }
-  __syncthreads();
-  EPKIT_STAGE(p, kStOffsetsDone);
+  // Rank of entry i (expert e >= 0) within its expert: its warp's base + its rank within the warp.
+  auto rank_of = [&](int i, int e) {
+    if (R == 1) return sm.rk[i];
+    const int w = ((i / kWarpSize + 1) * R - 1) / C;  // the warp whose range holds chunk i / 32
+    return sm.wcnt[w * E + e] + sm.rk[i];
+  };
 
   if (!fused) {
+    if (blockIdx.x == 0) {  // the totals and m for dispatch_recv
+      for (int e = threadIdx.x; e < E; e += blockDim.x) p.local_counts[e] = cs.cnt[e];
+      if (threadIdx.x == 0) p.state->local_m = m;
+    }
+    // The header carries (expert, rank) per k: ranks in place first.
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+      const int e = sm.ent[i];
+      if (e >= 0) sm.rk[i] = rank_of(i, e);
+    }
+    __syncthreads();
+    EPKIT_STAGE(p, kStOffsetsDone);
     for (int q = gw; q < units; q += gstride) {
       const int t = q / nsd, sl = q % nsd;
       int4 v[kUnroll];
@@ -334,11 +344,17 @@ __device__ void local_dispatch_small(const CommParams& p, const DispatchIO& io, 
     }
     return;
   }
+  if (p.packed || blockIdx.x == 0) local_counts_out(p, io, cs, blockIdx.x == 0);  // packed: every block, ends synced
+  EPKIT_STAGE(p, kStOffsetsDone);
+  auto row_of = [&](int i) {
+    const int e = sm.ent[i];
+    return e >= 0 ? expert_row(p, e, rank_of(i, e), sm.first) : -1;
+  };
   // recv_map[t] = (t, row per k) and the weights where combine reads them: one thread per entry.
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
     const int t = i / K, k = i % K;
     int32_t* map = p.recv_map + static_cast<size_t>(t) * (K + 1);
-    map[1 + k] = sm.rk[i];
+    map[1 + k] = row_of(i);
     if (k == 0) map[0] = t;
     if (p.weights_at_dispatch) sym_at<uint64_t>(p, p.off_weights_recv)[i] = __float_as_uint(io.topk_weights[i]);
   }
@@ -349,7 +365,7 @@ __device__ void local_dispatch_small(const CommParams& p, const DispatchIO& io, 
     const int qn = q + gstride;
     if (qn < units) load_piece<kPieceChunks>(p, io, qn / K / npc, qn / K % npc, lane, nxt, nxt_sc);
     const int t = q / K / npc, pc = q / K % npc, k = q % K;
-    const int row = sm.rk[t * K + k];
+    const int row = row_of(t * K + k);
     if (row >= 0) store_row_piece(p, io, pre, pre_sc, ns ? io.x_scale + static_cast<size_t>(t) * ns : nullptr, row, pc, lane);
     if (qn < units) {
 #pragma unroll
