@@ -239,19 +239,6 @@ __device__ void local_dispatch_small(const CommParams& p, const DispatchIO& io, 
   const int units = fused ? m * npc * K : m * nsd;  // (t, piece, k) fused, (t, slice) split
   const int gw = blockIdx.x * kWarps + warp, gstride = gridDim.x * kWarps;
 
-  // This warp's first unit, loaded now so that its latency hides behind the ranking: at decode sizes
-  // it is the only unit a warp has.
-  int4 pre[kPieceChunks] = {};
-  int4 pre_split[kUnroll] = {};
-  float pre_sc[kScaleRegs] = {};
-  if (gw < units) {
-    if (fused) {
-      load_piece<kPieceChunks>(p, io, gw / K / npc, gw / K % npc, lane, pre, pre_sc);
-    } else {
-      load_slice(p, io, gw / nsd, gw % nsd, lane, pre_split, pre_sc);
-    }
-  }
-
   // 1. Ranks within each ranking warp's range. Each ranking warp clears its own counters while its
   // first indices load, so that no block-wide step comes before the ranking.
   const int C = (n + kWarpSize - 1) / kWarpSize;
@@ -268,8 +255,21 @@ __device__ void local_dispatch_small(const CommParams& p, const DispatchIO& io, 
                                   : -1;
     }
   };
+  if (warp < R) load_batch(c0);  // before the data loads below, which may be many
+  // This warp's first unit, loaded now so that its latency hides behind the ranking: at decode sizes
+  // it is the only unit a warp has.
+  int4 pre[kPieceChunks] = {};
+  int4 pre_split[kUnroll] = {};
+  float pre_sc[kScaleRegs] = {};
+  if (gw < units) {
+    if (fused) {
+      load_piece<kPieceChunks>(p, io, gw / K / npc, gw / K % npc, lane, pre, pre_sc);
+    } else {
+      load_slice(p, io, gw / nsd, gw % nsd, lane, pre_split, pre_sc);
+    }
+  }
+
   if (warp < R) {
-    load_batch(c0);
     for (int x = lane; x < E; x += kWarpSize) wc[x] = 0;
     __syncwarp();
     for (int c = c0; c < c1; c += kHistUnroll) {
