@@ -267,9 +267,10 @@ AllToAll::AllToAll(const Communicator& comm, const AllToAllConfig& cfg_in) : imp
     // Small objects: one warp per (token, piece of a row, k) of the largest call, every block ranking
     // all entries. Large ones: every SM, each block counting its own chunk.
     const bool large = kernels::local_large(p);
+    p.local_piece_chunks = kernels::local_piece_chunks(p.max_tokens, p.topk, p.payload_bytes, max_blocks);
     I.dispatch_shape = {
         large ? max_blocks
-              : blocks_for(kernels::local_dispatch_units(p.max_tokens, cfg.experts_per_token, p.payload_bytes)),
+              : blocks_for(kernels::local_dispatch_units(p.max_tokens, p.topk, p.payload_bytes, p.local_piece_chunks)),
         kernels::local_dispatch_smem_bytes(cfg.num_experts, cfg.experts_per_token, p.max_tokens)};
     I.combine_shape = {blocks_for(kernels::local_combine_units(p.max_tokens, cfg.hidden, large)), 0};
   }

@@ -80,6 +80,7 @@ struct CommParams {
   int dispatch_slices;  // slices per dispatch message (arrival counters count slices)
   int combine_slices;   // slices per combine output row (one flag each)
   int weights_at_dispatch;  // 1: weights travel in the dispatch header, combine exchanges none
+  int local_piece_chunks;   // W = 1, M < kLocalLargeTokens: 16-byte chunks per lane of one scatter unit (1 or 4)
   uint64_t timeout_ns;
 
   uint8_t* sym;                 // this rank's symmetric base (nvshmem addresses)

@@ -39,12 +39,15 @@ constexpr int kSliceChunks = kWarpSize * kUnroll;
 constexpr int kScaleRegs = 4;     // scales per lane held in registers (128 per token, H <= 16384)
 constexpr int kRowBatch = 8;      // expert rows whose loads combine keeps in flight together
 constexpr int kRankCounters = 8192;  // small objects: per-warp expert counters in shared memory
-#ifndef EPKIT_LOCAL_PIECE_CHUNKS
-#define EPKIT_LOCAL_PIECE_CHUNKS 4
-#endif
-// Small objects, fused: 16-byte chunks per lane of one scatter unit (kPieceChunks * 512 bytes per warp).
-constexpr int kPieceChunks = EPKIT_LOCAL_PIECE_CHUNKS;
-constexpr int kPieceBytes = kWarpSize * kPieceChunks * 16;
+// Small objects, fused: one scatter unit is a piece of U 16-byte chunks per lane
+// (512 B or 2 KB per warp). local_piece_chunks picks the smaller when all of a call's units fit in one
+// wave of the grid (decode: more warps and SMs share a token's K rows), else the larger (fewer,
+// longer units: measured faster at 128 tokens).
+constexpr int kSmallPieceChunks = 1, kLargePieceChunks = 4;
+constexpr int piece_bytes(int chunks) { return kWarpSize * chunks * 16; }
+constexpr int pieces_per_row(int payload_bytes, int chunks) {
+  return (payload_bytes + piece_bytes(chunks) - 1) / piece_bytes(chunks);
+}
 
 // Small objects: the warps that rank the entries (each keeps E counters in shared memory).
 constexpr int rank_warps(int num_experts) {
@@ -220,13 +223,14 @@ __device__ __forceinline__ void stage_message(const CommParams& p, const Dispatc
 //   2. one thread per expert turns the R per-warp counts into each warp's base and the total
 //      (skipped with one ranking warp, m * K <= 64: its counts are the totals);
 //   3. rank = base of its warp + rank within the warp, computed where a row is needed.
-// fused: then one warp per (t, piece, k) stores that piece (kPieceBytes) into its row, so a decode
+// fused: then one warp per (t, piece, k) stores that piece (U chunks per lane) into its row, so a decode
 // call spreads its K rows over many warps and several SMs instead of one warp per slice storing all K;
 // each warp loads its next unit before it stores the current one. Split: one warp per (t, slice)
 // stages the message to self.
+template <int U>
 __device__ void local_dispatch_small(const CommParams& p, const DispatchIO& io, int* smem, bool fused) {
   const int E = p.num_experts, K = p.topk, nsd = p.dispatch_slices, ns = p.num_scales;
-  const int npc = (p.payload_bytes + kPieceBytes - 1) / kPieceBytes;  // pieces per row
+  const int npc = pieces_per_row(p.payload_bytes, U);
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
   const SmallSmem sm = carve_small(smem, E, p.max_tokens * K);
 #ifdef EPKIT_STAGE_TIMERS
@@ -258,12 +262,12 @@ __device__ void local_dispatch_small(const CommParams& p, const DispatchIO& io, 
   if (warp < R) load_batch(c0);  // before the data loads below, which may be many
   // This warp's first unit, loaded now so that its latency hides behind the ranking: at decode sizes
   // it is the only unit a warp has.
-  int4 pre[kPieceChunks] = {};
+  int4 pre[U] = {};
   int4 pre_split[kUnroll] = {};
   float pre_sc[kScaleRegs] = {};
   if (gw < units) {
     if (fused) {
-      load_piece<kPieceChunks>(p, io, gw / K / npc, gw / K % npc, lane, pre, pre_sc);
+      load_piece<U>(p, io, gw / K / npc, gw / K % npc, lane, pre, pre_sc);
     } else {
       load_slice(p, io, gw / nsd, gw % nsd, lane, pre_split, pre_sc);
     }
@@ -360,16 +364,16 @@ __device__ void local_dispatch_small(const CommParams& p, const DispatchIO& io, 
   }
   // One warp per (t, piece, k), the next unit's load in flight while the current one is stored.
   for (int q = gw; q < units; q += gstride) {
-    int4 nxt[kPieceChunks];
+    int4 nxt[U];
     float nxt_sc[kScaleRegs];
     const int qn = q + gstride;
-    if (qn < units) load_piece<kPieceChunks>(p, io, qn / K / npc, qn / K % npc, lane, nxt, nxt_sc);
+    if (qn < units) load_piece<U>(p, io, qn / K / npc, qn / K % npc, lane, nxt, nxt_sc);
     const int t = q / K / npc, pc = q / K % npc, k = q % K;
     const int row = row_of(t * K + k);
     if (row >= 0) store_row_piece(p, io, pre, pre_sc, ns ? io.x_scale + static_cast<size_t>(t) * ns : nullptr, row, pc, lane);
     if (qn < units) {
 #pragma unroll
-      for (int j = 0; j < kPieceChunks; ++j) pre[j] = nxt[j];
+      for (int j = 0; j < U; ++j) pre[j] = nxt[j];
 #pragma unroll
       for (int j = 0; j < kScaleRegs; ++j) pre_sc[j] = nxt_sc[j];
     }
@@ -571,7 +575,8 @@ __device__ void local_dispatch_recv(const CommParams& p, const DispatchIO& io, i
   }
 }
 
-template <bool kLarge>
+// U: the small path's piece (kSmallPieceChunks or kLargePieceChunks); the large path has none.
+template <bool kLarge, int U>
 __global__ void __launch_bounds__(kThreads, 1)
     local_dispatch_kernel(const __grid_constant__ CommParams p, const __grid_constant__ DispatchIO io, bool do_send,
                           bool do_recv) {
@@ -581,7 +586,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if constexpr (kLarge) {
       local_dispatch_large(p, io, smem, do_recv);
     } else {
-      local_dispatch_small(p, io, smem, do_recv);
+      local_dispatch_small<U>(p, io, smem, do_recv);
     }
   } else {
     local_dispatch_recv(p, io, smem);
@@ -700,8 +705,13 @@ size_t local_dispatch_smem_bytes(int num_experts, int topk, int max_tokens) {
   return (count_smem_ints(num_experts) + path) * sizeof(int);
 }
 
-int local_dispatch_units(int max_tokens, int topk, int payload_bytes) {
-  return max_tokens * topk * ((payload_bytes + kPieceBytes - 1) / kPieceBytes);
+int local_piece_chunks(int max_tokens, int topk, int payload_bytes, int max_blocks) {
+  const int64_t small_units = static_cast<int64_t>(max_tokens) * topk * pieces_per_row(payload_bytes, kSmallPieceChunks);
+  return small_units <= static_cast<int64_t>(max_blocks) * kWarps ? kSmallPieceChunks : kLargePieceChunks;
+}
+
+int local_dispatch_units(int max_tokens, int topk, int payload_bytes, int piece_chunks) {
+  return max_tokens * topk * pieces_per_row(payload_bytes, piece_chunks);
 }
 
 int local_combine_units(int max_tokens, int hidden, bool large) {
@@ -711,7 +721,9 @@ int local_combine_units(int max_tokens, int hidden, bool large) {
 
 cudaError_t launch_local_dispatch(const CommParams& p, const DispatchIO& io, bool do_send, bool do_recv,
                                   const LaunchShape& shape, cudaStream_t stream) {
-  auto kernel = local_large(p) ? local_dispatch_kernel<true> : local_dispatch_kernel<false>;
+  auto kernel = local_large(p)                                    ? local_dispatch_kernel<true, kLargePieceChunks>
+                : p.local_piece_chunks == kSmallPieceChunks ? local_dispatch_kernel<false, kSmallPieceChunks>
+                                                            : local_dispatch_kernel<false, kLargePieceChunks>;
   if (shape.smem_bytes > 48 * 1024) {
     cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(shape.smem_bytes));
