@@ -10,6 +10,7 @@
 
 #include "epkit/all_to_all.hpp"
 #include "epkit/error.hpp"
+#include "host/local_shape.hpp"
 #include "host/validate.hpp"
 #include "kernels/launch.hpp"
 #include "transport/control.cuh"
@@ -264,15 +265,11 @@ AllToAll::AllToAll(const Communicator& comm, const AllToAllConfig& cfg_in) : imp
       kernels::combine_smem_bytes(cfg.world_size)};
   I.local = cfg.world_size == 1 && local_kernels_enabled();
   if (I.local) {
-    // Small objects: one warp per (token, piece of a row, k) of the largest call, every block ranking
-    // all entries. Large ones: every SM, each block counting its own chunk.
-    const bool large = kernels::local_large(p);
-    p.local_piece_chunks = kernels::local_piece_chunks(p.max_tokens, p.topk, p.payload_bytes, max_blocks);
-    I.dispatch_shape = {
-        large ? max_blocks
-              : blocks_for(kernels::local_dispatch_units(p.max_tokens, p.topk, p.payload_bytes, p.local_piece_chunks)),
-        kernels::local_dispatch_smem_bytes(cfg.num_experts, cfg.experts_per_token, p.max_tokens)};
-    I.combine_shape = {blocks_for(kernels::local_combine_units(p.max_tokens, cfg.hidden, large)), 0};
+    const host::LocalShapes ls =
+        host::local_shapes(p.max_tokens, p.topk, cfg.num_experts, p.payload_bytes, cfg.hidden, max_blocks);
+    I.dispatch_shape = ls.dispatch;
+    I.combine_shape = ls.combine;
+    p.local_piece_chunks = ls.piece_chunks;
   }
   EPKIT_CUDA_CHECK(cudaDeviceSynchronize());
   comm.barrier();  // every rank's buffers are zeroed before any peer writes into them

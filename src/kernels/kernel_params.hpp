@@ -154,6 +154,28 @@ inline bool local_large(const CommParams& p) { return p.max_tokens >= kLocalLarg
 inline constexpr int kThreadsPerBlock = 512;
 inline constexpr int kWarpsPerBlock = kThreadsPerBlock / 32;
 
+// World size 1, the local kernels' shapes (local.cu; the host sizes their launches with
+// host/local_shape.hpp). Large objects place their own tokens kLocalRoundTokens at a time. Small
+// ones rank with up to kWarpsPerBlock warps of kLocalRankCounters / E shared-memory counters each,
+// and scatter one piece of a row per warp: kLocalSmallPieceChunks or kLocalLargePieceChunks
+// 16-byte chunks per lane (512 B or 2 KB).
+inline constexpr int kLocalRoundTokens = 64;
+inline constexpr int kLocalRankCounters = 8192;
+inline constexpr int kLocalSmallPieceChunks = 1, kLocalLargePieceChunks = 4;
+constexpr int local_rank_warps(int num_experts) {
+  return kLocalRankCounters / num_experts < 1 ? 1
+         : kLocalRankCounters / num_experts > kWarpsPerBlock ? kWarpsPerBlock
+                                                             : kLocalRankCounters / num_experts;
+}
+constexpr int local_pieces_per_row(int payload_bytes, int piece_chunks) {
+  return (payload_bytes + 512 * piece_chunks - 1) / (512 * piece_chunks);
+}
+// The small dispatch's shared memory, in ints: the counts (E), the packed first rows (E + 1), the
+// prefix scratch (kWarpsPerBlock), then the path's own arrays.
+constexpr size_t local_count_smem_ints(int num_experts) {
+  return 2 * static_cast<size_t>(num_experts) + 1 + kWarpsPerBlock;
+}
+
 // Grid of one kernel; every block has kThreadsPerBlock threads.
 struct LaunchShape {
   int blocks;

@@ -22,14 +22,8 @@ cudaError_t launch_dispatch(const CommParams& p, const DispatchIO& io, bool do_s
 cudaError_t launch_combine(const CommParams& p, const CombineIO& io, DType in, DType out, bool do_send,
                            bool do_recv, const LaunchShape& shape, cudaStream_t stream);
 
-// World size 1 (local.cu): the same calls without a peer. Shared memory of the dispatch kernel; the
-// small dispatch's piece of a row (CommParams::local_piece_chunks, for a grid of at most max_blocks)
-// and its warp units (one per (token, piece, k)); the combine kernel's warp units (large:
-// local_large(params)); the launchers.
-size_t local_dispatch_smem_bytes(int num_experts, int topk, int max_tokens);
-int local_piece_chunks(int max_tokens, int topk, int payload_bytes, int max_blocks);
-int local_dispatch_units(int max_tokens, int topk, int payload_bytes, int piece_chunks);
-int local_combine_units(int max_tokens, int hidden, bool large);
+// World size 1 (local.cu): the same calls without a peer; their shapes come from
+// host/local_shape.hpp (CPU-tested), the small dispatch's piece in CommParams::local_piece_chunks.
 cudaError_t launch_local_dispatch(const CommParams& p, const DispatchIO& io, bool do_send, bool do_recv,
                                   const LaunchShape& shape, cudaStream_t stream);
 cudaError_t launch_local_combine(const CommParams& p, const CombineIO& io, DType in, DType out, bool do_send,

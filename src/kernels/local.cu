@@ -32,27 +32,22 @@ namespace epkit::kernels {
 
 namespace {
 
-constexpr int kRoundTokens = 64;  // own tokens placed per round (large objects)
+constexpr int kRoundTokens = kLocalRoundTokens;  // own tokens placed per round (large objects)
 constexpr int kHistUnroll = 4;    // topk loads in flight per lane in the histogram
 constexpr int kUnroll = 4;        // 16-byte chunks per lane per dispatch slice (kSliceBytes)
 constexpr int kSliceChunks = kWarpSize * kUnroll;
 constexpr int kScaleRegs = 4;     // scales per lane held in registers (128 per token, H <= 16384)
 constexpr int kRowBatch = 8;      // expert rows whose loads combine keeps in flight together
-constexpr int kRankCounters = 8192;  // small objects: per-warp expert counters in shared memory
-// Small objects, fused: one scatter unit is a piece of U 16-byte chunks per lane
-// (512 B or 2 KB per warp). local_piece_chunks picks the smaller when all of a call's units fit in one
-// wave of the grid (decode: more warps and SMs share a token's K rows), else the larger (fewer,
-// longer units: measured faster at 128 tokens).
-constexpr int kSmallPieceChunks = 1, kLargePieceChunks = 4;
-constexpr int piece_bytes(int chunks) { return kWarpSize * chunks * 16; }
-constexpr int pieces_per_row(int payload_bytes, int chunks) {
-  return (payload_bytes + piece_bytes(chunks) - 1) / piece_bytes(chunks);
-}
+// Small objects, fused: one scatter unit is a piece of U 16-byte chunks per lane (512 B or 2 KB per
+// warp). host::local_shape picks the smaller when all of a call's units fit in one wave of the grid
+// (decode: more warps and SMs share a token's K rows), else the larger (fewer, longer units:
+// measured faster at 128 tokens).
+constexpr int kSmallPieceChunks = kLocalSmallPieceChunks, kLargePieceChunks = kLocalLargePieceChunks;
+static_assert(kWarpSize * 16 == 512, "local_pieces_per_row counts 512-byte chunks per warp");
+constexpr int pieces_per_row(int payload_bytes, int chunks) { return local_pieces_per_row(payload_bytes, chunks); }
 
 // Small objects: the warps that rank the entries (each keeps E counters in shared memory).
-constexpr int rank_warps(int num_experts) {
-  return kRankCounters / num_experts < 1 ? 1 : (kRankCounters / num_experts > kWarps ? kWarps : kRankCounters / num_experts);
-}
+constexpr int rank_warps(int num_experts) { return local_rank_warps(num_experts); }
 
 // Shared memory of the dispatch kernel. Both paths start with the counts (what dispatch_recv uses);
 // the packed arrays are used only with the packed layout.
@@ -68,7 +63,7 @@ __device__ __forceinline__ CountSmem carve_counts(int* smem, int E) {
   c.wsum = c.first + E + 1;
   return c;
 }
-__host__ __device__ constexpr size_t count_smem_ints(int E) { return 2 * static_cast<size_t>(E) + 1 + kWarps; }
+constexpr size_t count_smem_ints(int E) { return local_count_smem_ints(E); }
 
 // Large objects, after the counts.
 struct LocalSmem : CountSmem {
@@ -696,28 +691,6 @@ cudaError_t launch_local_out(const CommParams& p, const CombineIO& io, DType in,
 }
 
 }  // namespace
-
-size_t local_dispatch_smem_bytes(int num_experts, int topk, int max_tokens) {
-  const size_t E = static_cast<size_t>(num_experts), K = static_cast<size_t>(topk);
-  const size_t path = max_tokens >= kLocalLargeTokens
-                          ? E + 2 * static_cast<size_t>(kRoundTokens) * K + 1                         // LocalSmem
-                          : rank_warps(num_experts) * E + 2 * static_cast<size_t>(max_tokens) * K;  // SmallSmem
-  return (count_smem_ints(num_experts) + path) * sizeof(int);
-}
-
-int local_piece_chunks(int max_tokens, int topk, int payload_bytes, int max_blocks) {
-  const int64_t small_units = static_cast<int64_t>(max_tokens) * topk * pieces_per_row(payload_bytes, kSmallPieceChunks);
-  return small_units <= static_cast<int64_t>(max_blocks) * kWarps ? kSmallPieceChunks : kLargePieceChunks;
-}
-
-int local_dispatch_units(int max_tokens, int topk, int payload_bytes, int piece_chunks) {
-  return max_tokens * topk * pieces_per_row(payload_bytes, piece_chunks);
-}
-
-int local_combine_units(int max_tokens, int hidden, bool large) {
-  const int per_unit = kWarpSize * (large ? 4 : 1);
-  return max_tokens * ((hidden / 8 + per_unit - 1) / per_unit);
-}
 
 cudaError_t launch_local_dispatch(const CommParams& p, const DispatchIO& io, bool do_send, bool do_recv,
                                   const LaunchShape& shape, cudaStream_t stream) {

@@ -1,0 +1,54 @@
+#include "host/local_shape.hpp"
+
+#include <algorithm>
+#include <cstdint>
+
+#include "epkit/error.hpp"
+
+namespace epkit::host {
+
+namespace {
+constexpr int kWarps = kernels::kWarpsPerBlock;
+
+int blocks_for(int64_t warp_units, int max_blocks) {
+  const int64_t b = (warp_units + kWarps - 1) / kWarps;
+  return static_cast<int>(std::clamp<int64_t>(b, 1, max_blocks));
+}
+}  // namespace
+
+size_t local_dispatch_smem_bytes(int num_experts, int topk, int max_tokens) {
+  const size_t E = static_cast<size_t>(num_experts), K = static_cast<size_t>(topk);
+  const size_t path = max_tokens >= kernels::kLocalLargeTokens
+                          ? E + 2 * static_cast<size_t>(kernels::kLocalRoundTokens) * K + 1  // run, round arrays, last
+                          : static_cast<size_t>(kernels::local_rank_warps(num_experts)) * E +
+                                2 * static_cast<size_t>(max_tokens) * K;  // per-warp counters, ent, rk
+  return (kernels::local_count_smem_ints(num_experts) + path) * sizeof(int);
+}
+
+int local_piece_chunks(int max_tokens, int topk, int payload_bytes, int max_blocks) {
+  const int64_t small_units = static_cast<int64_t>(max_tokens) * topk *
+                              kernels::local_pieces_per_row(payload_bytes, kernels::kLocalSmallPieceChunks);
+  return small_units <= static_cast<int64_t>(max_blocks) * kWarps ? kernels::kLocalSmallPieceChunks
+                                                                  : kernels::kLocalLargePieceChunks;
+}
+
+LocalShapes local_shapes(int max_tokens, int topk, int num_experts, int payload_bytes, int hidden, int max_blocks) {
+  EPKIT_CHECK(max_blocks >= 1, "local_shapes: max_blocks = ", max_blocks, " must be at least 1");
+  LocalShapes s;
+  const bool large = max_tokens >= kernels::kLocalLargeTokens;
+  s.dispatch.smem_bytes = local_dispatch_smem_bytes(num_experts, topk, max_tokens);
+  if (large) {
+    s.dispatch.blocks = max_blocks;
+  } else {
+    s.piece_chunks = local_piece_chunks(max_tokens, topk, payload_bytes, max_blocks);
+    const int64_t units = static_cast<int64_t>(max_tokens) * topk *
+                          kernels::local_pieces_per_row(payload_bytes, s.piece_chunks);
+    s.dispatch.blocks = blocks_for(units, max_blocks);
+  }
+  const int per_unit = 32 * (large ? 4 : 1);  // 16-byte chunks of 8 elements per warp unit
+  s.combine.blocks = blocks_for(static_cast<int64_t>(max_tokens) * ((hidden / 8 + per_unit - 1) / per_unit), max_blocks);
+  s.combine.smem_bytes = 0;
+  return s;
+}
+
+}  // namespace epkit::host

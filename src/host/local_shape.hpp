@@ -1,0 +1,31 @@
+// Launch shapes of the world-size-1 kernels (local.cu): pure C++, CPU-tested, computed once per
+// AllToAll object from its largest call.
+#pragma once
+
+#include <cstddef>
+
+#include "kernels/kernel_params.hpp"
+
+namespace epkit::host {
+
+struct LocalShapes {
+  kernels::LaunchShape dispatch;  // every dispatch kernel (fused, send half, receive half)
+  kernels::LaunchShape combine;
+  int piece_chunks = 0;           // small objects: CommParams::local_piece_chunks; large: 0
+};
+
+// Shared memory of the dispatch kernel (bytes): the counts, then the large path's round arrays or
+// the small path's per-warp counters and one (expert, rank) pair per entry of the largest call.
+size_t local_dispatch_smem_bytes(int num_experts, int topk, int max_tokens);
+
+// The small dispatch's piece of a row: the 512-byte piece when all (token, piece, k) units of the
+// largest call fit in one wave of max_blocks blocks, else the 2 KB one.
+int local_piece_chunks(int max_tokens, int topk, int payload_bytes, int max_blocks);
+
+// Shapes for an object of max_tokens tokens and top-k, payload_bytes per token and hidden
+// elements per output row, on at most max_blocks blocks (>= 1). Small objects: one warp per
+// (token, piece, k) of the largest call for dispatch; large ones (max_tokens >= kLocalLargeTokens):
+// every block. Combine: one warp per (token, 256 elements; 1024 for large objects).
+LocalShapes local_shapes(int max_tokens, int topk, int num_experts, int payload_bytes, int hidden, int max_blocks);
+
+}  // namespace epkit::host

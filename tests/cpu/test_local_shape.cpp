@@ -1,0 +1,83 @@
+// Launch shapes of the world-size-1 kernels (src/host/local_shape.cpp): the small dispatch's piece
+// rule, its grid, the large objects' grid, the combine grid, and that the dispatch's shared memory
+// fits an H100/H200 block for every config the validation accepts.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <string>
+
+#include "epkit/error.hpp"
+#include "host/local_shape.hpp"
+
+namespace epkit::host {
+namespace {
+
+constexpr int kH200Sms = 132;
+
+TEST(LocalShape, DecodePieceIsSmallWhileTheCallFitsOneWave) {
+  // DeepSeek-V3 decode: 7168 fp8 bytes per token, top-8: 14 pieces of 512 B per row; 132 x 16 warps.
+  const int pb = 7168, K = 8, E = 256, H = 7168;
+  LocalShapes s = local_shapes(1, K, E, pb, H, kH200Sms);
+  EXPECT_EQ(s.piece_chunks, 1);
+  EXPECT_EQ(s.dispatch.blocks, 7);  // 8 rows x 14 pieces = 112 warps
+  EXPECT_EQ(s.combine.blocks, 2);   // 7168 / 256 = 28 warp units
+  // 18 tokens: 2016 units <= 2112 warps; 19 tokens: 2128 > 2112, so 2 KB pieces (4 per row).
+  EXPECT_EQ(local_shapes(18, K, E, pb, H, kH200Sms).piece_chunks, 1);
+  s = local_shapes(19, K, E, pb, H, kH200Sms);
+  EXPECT_EQ(s.piece_chunks, 4);
+  EXPECT_EQ(s.dispatch.blocks, 38);  // 19 x 8 x 4 units / 16 warps
+  s = local_shapes(128, K, E, pb, H, kH200Sms);
+  EXPECT_EQ(s.piece_chunks, 4);
+  EXPECT_EQ(s.dispatch.blocks, kH200Sms);  // 4096 units: capped at the grid
+  // A smaller grid (AllToAllConfig::num_sms) moves the threshold: 1 token needs 112 warps.
+  EXPECT_EQ(local_shapes(1, K, E, pb, H, 7).piece_chunks, 1);
+  EXPECT_EQ(local_shapes(1, K, E, pb, H, 6).piece_chunks, 4);
+  EXPECT_EQ(local_shapes(1, K, E, pb, H, 6).dispatch.blocks, 2);
+}
+
+TEST(LocalShape, V2LiteThreshold) {
+  // DeepSeek-V2-Lite decode: 2048 fp8 bytes, top-6: 4 pieces of 512 B; 88 x 6 x 4 = 2112.
+  EXPECT_EQ(local_shapes(88, 6, 64, 2048, 2048, kH200Sms).piece_chunks, 1);
+  EXPECT_EQ(local_shapes(88, 6, 64, 2048, 2048, kH200Sms).dispatch.blocks, kH200Sms);
+  EXPECT_EQ(local_shapes(89, 6, 64, 2048, 2048, kH200Sms).piece_chunks, 4);
+  // A payload not a multiple of the piece rounds up (the last piece is partial).
+  EXPECT_EQ(local_shapes(1, 1, 8, 513, 513, kH200Sms).dispatch.blocks, 1);
+  EXPECT_EQ(local_shapes(32, 1, 8, 513, 513, kH200Sms).dispatch.blocks, 4);  // 32 x 2 pieces
+}
+
+TEST(LocalShape, LargeObjectsTakeEveryBlock) {
+  const LocalShapes s = local_shapes(512, 8, 256, 7168, 7168, kH200Sms);
+  EXPECT_EQ(s.piece_chunks, 0);
+  EXPECT_EQ(s.dispatch.blocks, kH200Sms);
+  EXPECT_EQ(s.combine.blocks, kH200Sms);  // 512 x 7 units of 1024 elements = 224 blocks, capped
+  EXPECT_EQ(local_shapes(4096, 8, 256, 7168, 7168, 5).dispatch.blocks, 5);
+  EXPECT_EQ(local_shapes(511, 8, 256, 7168, 7168, 1).dispatch.blocks, 1);
+  EXPECT_EQ(local_shapes(511, 8, 256, 7168, 7168, 1).combine.blocks, 1);
+}
+
+TEST(LocalShape, DispatchSharedMemoryFitsABlockForEveryAcceptedConfig) {
+  // Config validation accepts E <= 4096 and K <= 16; the small path's largest M is 511. The opt-in
+  // limit of one sm_90 block is 227 KB (232448 bytes).
+  size_t worst = 0;
+  for (int E = 1; E <= 4096; E += (E < 64 ? 1 : 37))
+    for (int K = 1; K <= std::min(16, E); ++K)
+      for (int M : {1, 128, 511, 512, 4096}) worst = std::max(worst, local_dispatch_smem_bytes(E, K, M));
+  worst = std::max(worst, local_dispatch_smem_bytes(4096, 16, 511));
+  EXPECT_LE(worst, 232448u);
+  // The small path keeps one (expert, rank) pair per entry of the largest call: 2 x M x K ints more.
+  EXPECT_EQ(local_dispatch_smem_bytes(256, 8, 101) - local_dispatch_smem_bytes(256, 8, 100), 2 * 8 * sizeof(int));
+  // The large path's arrays do not grow with M.
+  EXPECT_EQ(local_dispatch_smem_bytes(256, 8, 512), local_dispatch_smem_bytes(256, 8, 65536));
+}
+
+TEST(LocalShape, ZeroBlocksIsAnError) {
+  try {
+    local_shapes(1, 8, 256, 7168, 7168, 0);
+    FAIL() << "max_blocks = 0 accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("max_blocks = 0"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace epkit::host
