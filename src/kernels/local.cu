@@ -32,22 +32,16 @@ namespace epkit::kernels {
 
 namespace {
 
-constexpr int kRoundTokens = kLocalRoundTokens;  // own tokens placed per round (large objects)
 constexpr int kHistUnroll = 4;    // topk loads in flight per lane in the histogram
 constexpr int kUnroll = 4;        // 16-byte chunks per lane per dispatch slice (kSliceBytes)
 constexpr int kSliceChunks = kWarpSize * kUnroll;
 constexpr int kScaleRegs = 4;     // scales per lane held in registers (128 per token, H <= 16384)
 constexpr int kRowBatch = 8;      // expert rows whose loads combine keeps in flight together
 // Small objects, fused: one scatter unit is a piece of U 16-byte chunks per lane (512 B or 2 KB per
-// warp). host::local_shape picks the smaller when all of a call's units fit in one wave of the grid
+// warp). host::local_shapes picks the smaller when all of a call's units fit in one wave of the grid
 // (decode: more warps and SMs share a token's K rows), else the larger (fewer, longer units:
 // measured faster at 128 tokens).
-constexpr int kSmallPieceChunks = kLocalSmallPieceChunks, kLargePieceChunks = kLocalLargePieceChunks;
 static_assert(kWarpSize * 16 == 512, "local_pieces_per_row counts 512-byte chunks per warp");
-constexpr int pieces_per_row(int payload_bytes, int chunks) { return local_pieces_per_row(payload_bytes, chunks); }
-
-// Small objects: the warps that rank the entries (each keeps E counters in shared memory).
-constexpr int rank_warps(int num_experts) { return local_rank_warps(num_experts); }
 
 // Shared memory of the dispatch kernel. Both paths start with the counts (what dispatch_recv uses);
 // the packed arrays are used only with the packed layout.
@@ -63,36 +57,35 @@ __device__ __forceinline__ CountSmem carve_counts(int* smem, int E) {
   c.wsum = c.first + E + 1;
   return c;
 }
-constexpr size_t count_smem_ints(int E) { return local_count_smem_ints(E); }
 
 // Large objects, after the counts.
 struct LocalSmem : CountSmem {
   int* run;      // [E] next rank within each expert of this block's tokens
-  int* tok_e;    // [kRoundTokens][K] expert of each entry of the round's tokens (-1: none)
-  int* tok_rk;   // [kRoundTokens][K] its rank within the expert (fused: its row of expert_x, -1 if none)
+  int* tok_e;    // [kLocalRoundTokens][K] expert of each entry of the round's tokens (-1: none)
+  int* tok_rk;   // [kLocalRoundTokens][K] its rank within the expert (fused: its row of expert_x, -1 if none)
   int* last;     // [1] large masked: this block is the last to count
 };
 __device__ __forceinline__ LocalSmem carve(int* smem, int E, int K) {
   LocalSmem sm;
   static_cast<CountSmem&>(sm) = carve_counts(smem, E);
-  sm.run = smem + count_smem_ints(E);
+  sm.run = smem + local_count_smem_ints(E);
   sm.tok_e = sm.run + E;
-  sm.tok_rk = sm.tok_e + kRoundTokens * K;
-  sm.last = sm.tok_rk + kRoundTokens * K;
+  sm.tok_rk = sm.tok_e + kLocalRoundTokens * K;
+  sm.last = sm.tok_rk + kLocalRoundTokens * K;
   return sm;
 }
 
 // Small objects, after the counts: entry i = t * K + k of the n = m * K entries.
 struct SmallSmem : CountSmem {
-  int* wcnt;  // [rank_warps(E)][E] each ranking warp's entries per expert, then its base in each expert
+  int* wcnt;  // [local_rank_warps(E)][E] each ranking warp's entries per expert, then its base in each expert
   int* ent;   // [max_tokens * K] expert of entry i (-1: none)
   int* rk;    // [max_tokens * K] its rank within the expert (fused: its row of expert_x, -1 if none)
 };
 __device__ __forceinline__ SmallSmem carve_small(int* smem, int E, int max_entries) {
   SmallSmem sm;
   static_cast<CountSmem&>(sm) = carve_counts(smem, E);
-  sm.wcnt = smem + count_smem_ints(E);
-  sm.ent = sm.wcnt + static_cast<size_t>(rank_warps(E)) * E;
+  sm.wcnt = smem + local_count_smem_ints(E);
+  sm.ent = sm.wcnt + static_cast<size_t>(local_rank_warps(E)) * E;
   sm.rk = sm.ent + max_entries;
   return sm;
 }
@@ -209,6 +202,17 @@ __device__ __forceinline__ void stage_message(const CommParams& p, const Dispatc
   }
 }
 
+// The send half's first steps on both paths: clear the stage stamps (stamp builds), stamp the
+// start, and the call's m (block 0 reports a bad device m).
+__device__ __forceinline__ int local_send_start(const CommParams& p, const DispatchIO& io) {
+#ifdef EPKIT_STAGE_TIMERS
+  if (blockIdx.x == 0 && threadIdx.x == 0)  // the stages the local kernels do not stamp read 0
+    for (int s = 0; s < kNumStages; ++s) p.state->stage_ns[s] = 0;
+#endif
+  EPKIT_STAGE(p, kStDispatchStart);
+  return resolve_num_tokens(p, io.m, kPhaseDispatchSend, 0, blockIdx.x == 0);
+}
+
 // Small objects (M < kLocalLargeTokens): dispatch and dispatch_send. Every block ranks all n = m * K
 // entries the same way, so that any warp of the grid can place any (token, piece, k) and nothing
 // passes between blocks. The rank of entry i within its expert is its position among the entries
@@ -225,15 +229,10 @@ __device__ __forceinline__ void stage_message(const CommParams& p, const Dispatc
 template <int U>
 __device__ void local_dispatch_small(const CommParams& p, const DispatchIO& io, int* smem, bool fused) {
   const int E = p.num_experts, K = p.topk, nsd = p.dispatch_slices, ns = p.num_scales;
-  const int npc = pieces_per_row(p.payload_bytes, U);
+  const int npc = local_pieces_per_row(p.payload_bytes, U);
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
   const SmallSmem sm = carve_small(smem, E, p.max_tokens * K);
-#ifdef EPKIT_STAGE_TIMERS
-  if (blockIdx.x == 0 && threadIdx.x == 0)  // the stages this path does not stamp read 0
-    for (int s = 0; s < kNumStages; ++s) p.state->stage_ns[s] = 0;
-#endif
-  EPKIT_STAGE(p, kStDispatchStart);
-  const int m = resolve_num_tokens(p, io.m, kPhaseDispatchSend, 0, blockIdx.x == 0);
+  const int m = local_send_start(p, io);
   const int n = m * K;
   const int units = fused ? m * npc * K : m * nsd;  // (t, piece, k) fused, (t, slice) split
   const int gw = blockIdx.x * kWarps + warp, gstride = gridDim.x * kWarps;
@@ -241,7 +240,7 @@ __device__ void local_dispatch_small(const CommParams& p, const DispatchIO& io, 
   // 1. Ranks within each ranking warp's range. Each ranking warp clears its own counters while its
   // first indices load, so that no block-wide step comes before the ranking.
   const int C = (n + kWarpSize - 1) / kWarpSize;
-  const int R = min(rank_warps(E), max(1, (C + 1) / 2));  // at least two chunks per ranking warp
+  const int R = min(local_rank_warps(E), max(1, (C + 1) / 2));  // at least two chunks per ranking warp
   const int c0 = warp < R ? C * warp / R : 0, c1 = warp < R ? C * (warp + 1) / R : 0;
   int* wc = sm.wcnt + static_cast<size_t>(warp) * E;  // this warp's counters (warp < R)
   int ex[kHistUnroll];
@@ -382,12 +381,7 @@ __device__ void local_dispatch_large(const CommParams& p, const DispatchIO& io, 
   const int E = p.num_experts, K = p.topk, nsd = p.dispatch_slices, ns = p.num_scales;
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
   const LocalSmem sm = carve(smem, E, K);
-#ifdef EPKIT_STAGE_TIMERS
-  if (blockIdx.x == 0 && threadIdx.x == 0)  // the stages this path does not stamp read 0
-    for (int s = 0; s < kNumStages; ++s) p.state->stage_ns[s] = 0;
-#endif
-  EPKIT_STAGE(p, kStDispatchStart);
-  const int m = resolve_num_tokens(p, io.m, kPhaseDispatchSend, 0, blockIdx.x == 0);
+  const int m = local_send_start(p, io);
   const int u0 = static_cast<int>(static_cast<int64_t>(m) * blockIdx.x / gridDim.x);
   const int u1 = static_cast<int>(static_cast<int64_t>(m) * (blockIdx.x + 1) / gridDim.x);
 
@@ -395,7 +389,7 @@ __device__ void local_dispatch_large(const CommParams& p, const DispatchIO& io, 
   // histogram: at decode sizes it is the only slice a warp has.
   int4 pre[kUnroll] = {};
   float pre_sc[kScaleRegs] = {};
-  const int nr0 = min(kRoundTokens, u1 - u0);
+  const int nr0 = min(kLocalRoundTokens, u1 - u0);
   const bool prefetched = fused && warp < nr0 * nsd;
   if (prefetched) load_slice(p, io, u0 + warp / nsd, warp % nsd, lane, pre, pre_sc);
 
@@ -473,8 +467,8 @@ __device__ void local_dispatch_large(const CommParams& p, const DispatchIO& io, 
   }
   EPKIT_STAGE(p, kStOffsetsDone);
 
-  for (int r0 = u0; r0 < u1; r0 += kRoundTokens) {
-    const int nr = min(kRoundTokens, u1 - r0);
+  for (int r0 = u0; r0 < u1; r0 += kLocalRoundTokens) {
+    const int nr = min(kLocalRoundTokens, u1 - r0);
     // Phase A: one warp per token takes its ranks (and, fused, its rows).
     for (int ui = warp; ui < nr; ui += kWarps) {
       const int t = r0 + ui;
@@ -570,7 +564,7 @@ __device__ void local_dispatch_recv(const CommParams& p, const DispatchIO& io, i
   }
 }
 
-// U: the small path's piece (kSmallPieceChunks or kLargePieceChunks); the large path has none.
+// U: the small path's piece (kLocalSmallPieceChunks or kLocalLargePieceChunks); the large path has none.
 template <bool kLarge, int U>
 __global__ void __launch_bounds__(kThreads, 1)
     local_dispatch_kernel(const __grid_constant__ CommParams p, const __grid_constant__ DispatchIO io, bool do_send,
@@ -694,9 +688,9 @@ cudaError_t launch_local_out(const CommParams& p, const CombineIO& io, DType in,
 
 cudaError_t launch_local_dispatch(const CommParams& p, const DispatchIO& io, bool do_send, bool do_recv,
                                   const LaunchShape& shape, cudaStream_t stream) {
-  auto kernel = local_large(p)                                    ? local_dispatch_kernel<true, kLargePieceChunks>
-                : p.local_piece_chunks == kSmallPieceChunks ? local_dispatch_kernel<false, kSmallPieceChunks>
-                                                            : local_dispatch_kernel<false, kLargePieceChunks>;
+  auto kernel = local_large(p)                                    ? local_dispatch_kernel<true, kLocalLargePieceChunks>
+                : p.local_piece_chunks == kLocalSmallPieceChunks ? local_dispatch_kernel<false, kLocalSmallPieceChunks>
+                                                            : local_dispatch_kernel<false, kLocalLargePieceChunks>;
   if (shape.smem_bytes > 48 * 1024) {
     cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(shape.smem_bytes));
