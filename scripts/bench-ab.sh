@@ -24,6 +24,18 @@
 # RUNPATH), so it compares changes inside libepkit.so that keep its ABI: the bench binary is BUILD's.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+run_options() {  # [--reps N] [-- bench args] -> REPS, BENCH_ARGS
+  REPS=2
+  BENCH_ARGS=(--preset decode --tokens 1,128 --no-baselines)
+  while [ $# -gt 0 ]; do
+    case "$1" in
+      --reps) REPS=$2; shift 2 ;;
+      --) shift; BENCH_ARGS=("$@"); break ;;
+      *) echo "unknown option $1" >&2; exit 2 ;;
+    esac
+  done
+}
+
 summarize() {  # summarize OUTDIR REPS TREE...: the table of every run, then the medians
   python3 - "$@" <<'EOF'
 import json, statistics, sys
@@ -65,15 +77,7 @@ case "$cmd" in
   run)
     OUT=${1:?usage: $0 run OUTDIR [--reps N] [-- bench args]}
     shift
-    REPS=2
-    BENCH_ARGS=(--preset decode --tokens 1,128 --no-baselines)
-    while [ $# -gt 0 ]; do
-      case "$1" in
-        --reps) REPS=$2; shift 2 ;;
-        --) shift; BENCH_ARGS=("$@"); break ;;
-        *) echo "unknown option $1" >&2; exit 2 ;;
-      esac
-    done
+    run_options "$@"
     [ -d .ab ] || { echo "no .ab/: run '$0 prepare REF...' first and carry .ab" >&2; exit 2; }
     mkdir -p "$OUT"
     export NVSHMEM_DISABLE_NVLS=1 NCCL_NVLS_ENABLE=0
@@ -152,15 +156,7 @@ case "$cmd" in
     OUT=${1:?usage: $0 run-libs OUTDIR BUILD [--reps N] [-- bench args]}
     BLD=${2:?usage: $0 run-libs OUTDIR BUILD [--reps N] [-- bench args]}
     shift 2
-    REPS=2
-    BENCH_ARGS=(--preset decode --tokens 1,128 --no-baselines)
-    while [ $# -gt 0 ]; do
-      case "$1" in
-        --reps) REPS=$2; shift 2 ;;
-        --) shift; BENCH_ARGS=("$@"); break ;;
-        *) echo "unknown option $1" >&2; exit 2 ;;
-      esac
-    done
+    run_options "$@"
     mkdir -p "$OUT"
     export NVSHMEM_DISABLE_NVLS=1 NCCL_NVLS_ENABLE=0
     ngpu=$(nvidia-smi -L | grep -c '^GPU')
