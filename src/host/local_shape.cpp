@@ -14,6 +14,11 @@ int blocks_for(int64_t warp_units, int max_blocks) {
   const int64_t b = (warp_units + kWarps - 1) / kWarps;
   return static_cast<int>(std::clamp<int64_t>(b, 1, max_blocks));
 }
+// Small objects spread their units one per block first (local.cu maps unit q to block
+// q % gridDim.x): as many blocks as units, up to max_blocks.
+int spread_blocks(int64_t warp_units, int max_blocks) {
+  return static_cast<int>(std::clamp<int64_t>(warp_units, 1, max_blocks));
+}
 }  // namespace
 
 size_t local_dispatch_smem_bytes(int num_experts, int topk, int max_tokens) {
@@ -43,10 +48,11 @@ LocalShapes local_shapes(int max_tokens, int topk, int num_experts, int payload_
     s.piece_chunks = local_piece_chunks(max_tokens, topk, payload_bytes, max_blocks);
     const int64_t units = static_cast<int64_t>(max_tokens) * topk *
                           kernels::local_pieces_per_row(payload_bytes, s.piece_chunks);
-    s.dispatch.blocks = blocks_for(units, max_blocks);
+    s.dispatch.blocks = spread_blocks(units, max_blocks);
   }
   const int per_unit = 32 * (large ? 4 : 1);  // 16-byte chunks of 8 elements per warp unit
-  s.combine.blocks = blocks_for(static_cast<int64_t>(max_tokens) * ((hidden / 8 + per_unit - 1) / per_unit), max_blocks);
+  const int64_t combine_units = static_cast<int64_t>(max_tokens) * ((hidden / 8 + per_unit - 1) / per_unit);
+  s.combine.blocks = large ? blocks_for(combine_units, max_blocks) : spread_blocks(combine_units, max_blocks);
   s.combine.smem_bytes = 0;
   return s;
 }

@@ -23,9 +23,11 @@ size_t local_dispatch_smem_bytes(int num_experts, int topk, int max_tokens);
 int local_piece_chunks(int max_tokens, int topk, int payload_bytes, int max_blocks);
 
 // Shapes for an object of max_tokens tokens and top-k, payload_bytes per token and hidden
-// elements per output row, on at most max_blocks blocks (>= 1). Small objects: one warp per
-// (token, piece, k) of the largest call for dispatch; large ones (max_tokens >= kLocalLargeTokens):
-// every block. Combine: one warp per (token, 256 elements; 1024 for large objects).
+// elements per output row, on at most max_blocks blocks (>= 1). Small objects: one block per
+// (token, piece, k) unit of the largest call for dispatch and per (token, 256 elements) for combine,
+// up to max_blocks (the kernels give unit q to block q % gridDim.x); large ones (max_tokens >=
+// kLocalLargeTokens): every block for dispatch, 16 units of (token, 1024 elements) per block for
+// combine.
 LocalShapes local_shapes(int max_tokens, int topk, int num_experts, int payload_bytes, int hidden, int max_blocks);
 
 }  // namespace epkit::host

@@ -235,7 +235,9 @@ __device__ void local_dispatch_small(const CommParams& p, const DispatchIO& io, 
   const int m = local_send_start(p, io);
   const int n = m * K;
   const int units = fused ? m * npc * K : m * nsd;  // (t, piece, k) fused, (t, slice) split
-  const int gw = blockIdx.x * kWarps + warp, gstride = gridDim.x * kWarps;
+  // Unit q goes to warp q / gridDim.x of block q % gridDim.x: a decode call's few units land on as
+  // many SMs as the grid has (one unit per block first), not on the first blocks' 16 warps each.
+  const int gw = warp * gridDim.x + blockIdx.x, gstride = gridDim.x * kWarps;
 
   // 1. Ranks within each ranking warp's range. Each ranking warp clears its own counters while its
   // first indices load, so that no block-wide step comes before the ranking.
@@ -520,7 +522,7 @@ __device__ void local_dispatch_large(const CommParams& p, const DispatchIO& io, 
 
 // dispatch_recv after a dispatch_send: the totals from local_counts, then one warp per (staged
 // token, slice) places it.
-__device__ void local_dispatch_recv(const CommParams& p, const DispatchIO& io, int* smem) {
+__device__ void local_dispatch_recv(const CommParams& p, const DispatchIO& io, int* smem, bool interleave) {
   const int E = p.num_experts, K = p.topk, nsd = p.dispatch_slices, ns = p.num_scales;
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
   const int chunks = p.payload_bytes / 16;
@@ -531,7 +533,8 @@ __device__ void local_dispatch_recv(const CommParams& p, const DispatchIO& io, i
   if (p.packed || blockIdx.x == 0) local_counts_out(p, io, sm, blockIdx.x == 0);
   EPKIT_STAGE(p, kStOffsetsDone);
   const uint8_t* stage = sym_at<uint8_t>(p, p.off_dispatch_recv);
-  for (int q = blockIdx.x * kWarps + warp; q < m * nsd; q += gridDim.x * kWarps) {
+  const int gw = interleave ? warp * gridDim.x + blockIdx.x : blockIdx.x * kWarps + warp;  // as the send half
+  for (int q = gw; q < m * nsd; q += gridDim.x * kWarps) {
     const int t = q / nsd, sl = q % nsd;
     const uint8_t* msg = stage + static_cast<size_t>(t) * p.msg_bytes;
     const int4* pl = reinterpret_cast<const int4*>(msg + p.payload_offset);
@@ -578,7 +581,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       local_dispatch_small<U>(p, io, smem, do_recv);
     }
   } else {
-    local_dispatch_recv(p, io, smem);
+    local_dispatch_recv(p, io, smem, !kLarge);
   }
   EPKIT_STAGE(p, kStDispatchDone);
 }
@@ -592,7 +595,12 @@ __device__ void local_combine_sum(const CommParams& p, const CombineIO& io, int 
   const int rows = local_rows(p);
   const Tin* y = static_cast<const Tin*>(io.expert_y);
   const uint64_t* wstore = sym_at<uint64_t>(p, p.off_weights_recv);
-  for (int q = blockIdx.x * kWarps + threadIdx.x / kWarpSize; q < m * units; q += gridDim.x * kWarps) {
+  // Small objects (kChunks == 1): unit q on block q % gridDim.x, so that a decode call's rows are
+  // read by as many SMs as there are units, not by the first blocks' 16 warps each (the bytes one
+  // SM can pull from L2 set the time there). Large objects keep contiguous units per block.
+  const int warp = threadIdx.x / kWarpSize;
+  const int q0 = kChunks == 1 ? warp * gridDim.x + blockIdx.x : blockIdx.x * kWarps + warp;
+  for (int q = q0; q < m * units; q += gridDim.x * kWarps) {
     const int t = q / units, cu = q % units;
     int row = -1;
     float wk = 0.f;
@@ -602,7 +610,7 @@ __device__ void local_combine_sum(const CommParams& p, const CombineIO& io, int 
                                  : io.topk_weights[static_cast<size_t>(t) * K + lane];
       if (row >= rows) row = -1;  // never read past expert_y, whatever the map holds
     }
-    if (q == blockIdx.x * kWarps + threadIdx.x / kWarpSize) EPKIT_STAGE(p, kStMapLoaded);  // thread 0's first row
+    if (q == q0) EPKIT_STAGE(p, kStMapLoaded);  // thread 0's first row
 #pragma unroll
     for (int qq = 0; qq < kChunks; ++qq) {
       const int c = cu * per_unit + qq * kWarpSize + lane;

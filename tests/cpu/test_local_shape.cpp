@@ -1,5 +1,5 @@
 // Launch shapes of the world-size-1 kernels (src/host/local_shape.cpp): the small dispatch's piece
-// rule, its grid, the large objects' grid, the combine grid, and that the dispatch's shared memory
+// rule, its grid (one unit per block first), the large objects' grid, the combine grid, and that the dispatch's shared memory
 // fits an H100/H200 block for every config the validation accepts.
 #include <gtest/gtest.h>
 
@@ -19,20 +19,21 @@ TEST(LocalShape, DecodePieceIsSmallWhileTheCallFitsOneWave) {
   const int pb = 7168, K = 8, E = 256, H = 7168;
   LocalShapes s = local_shapes(1, K, E, pb, H, kH200Sms);
   EXPECT_EQ(s.piece_chunks, 1);
-  EXPECT_EQ(s.dispatch.blocks, 7);  // 8 rows x 14 pieces = 112 warps
-  EXPECT_EQ(s.combine.blocks, 2);   // 7168 / 256 = 28 warp units
+  EXPECT_EQ(s.dispatch.blocks, 112);  // 8 rows x 14 pieces = 112 units, one per block
+  EXPECT_EQ(s.combine.blocks, 28);    // 7168 / 256 = 28 warp units, one per block
   // 18 tokens: 2016 units <= 2112 warps; 19 tokens: 2128 > 2112, so 2 KB pieces (4 per row).
   EXPECT_EQ(local_shapes(18, K, E, pb, H, kH200Sms).piece_chunks, 1);
   s = local_shapes(19, K, E, pb, H, kH200Sms);
   EXPECT_EQ(s.piece_chunks, 4);
-  EXPECT_EQ(s.dispatch.blocks, 38);  // 19 x 8 x 4 units / 16 warps
+  EXPECT_EQ(s.dispatch.blocks, kH200Sms);  // 19 x 8 x 4 = 608 units: one per block up to the grid
+  EXPECT_EQ(local_shapes(2, K, E, pb, H, kH200Sms).combine.blocks, 56);
   s = local_shapes(128, K, E, pb, H, kH200Sms);
   EXPECT_EQ(s.piece_chunks, 4);
   EXPECT_EQ(s.dispatch.blocks, kH200Sms);  // 4096 units: capped at the grid
   // A smaller grid (AllToAllConfig::num_sms) moves the threshold: 1 token needs 112 warps.
   EXPECT_EQ(local_shapes(1, K, E, pb, H, 7).piece_chunks, 1);
   EXPECT_EQ(local_shapes(1, K, E, pb, H, 6).piece_chunks, 4);
-  EXPECT_EQ(local_shapes(1, K, E, pb, H, 6).dispatch.blocks, 2);
+  EXPECT_EQ(local_shapes(1, K, E, pb, H, 6).dispatch.blocks, 6);  // 32 units of 2 KB on 6 blocks
 }
 
 TEST(LocalShape, V2LiteThreshold) {
@@ -41,8 +42,8 @@ TEST(LocalShape, V2LiteThreshold) {
   EXPECT_EQ(local_shapes(88, 6, 64, 2048, 2048, kH200Sms).dispatch.blocks, kH200Sms);
   EXPECT_EQ(local_shapes(89, 6, 64, 2048, 2048, kH200Sms).piece_chunks, 4);
   // A payload not a multiple of the piece rounds up (the last piece is partial).
-  EXPECT_EQ(local_shapes(1, 1, 8, 513, 513, kH200Sms).dispatch.blocks, 1);
-  EXPECT_EQ(local_shapes(32, 1, 8, 513, 513, kH200Sms).dispatch.blocks, 4);  // 32 x 2 pieces
+  EXPECT_EQ(local_shapes(1, 1, 8, 513, 513, kH200Sms).dispatch.blocks, 2);
+  EXPECT_EQ(local_shapes(32, 1, 8, 513, 513, kH200Sms).dispatch.blocks, 64);  // 32 x 2 pieces
 }
 
 TEST(LocalShape, LargeObjectsTakeEveryBlock) {
