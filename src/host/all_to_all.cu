@@ -270,7 +270,6 @@ AllToAll::AllToAll(const Communicator& comm, const AllToAllConfig& cfg_in) : imp
     I.dispatch_shape = ls.dispatch;
     I.combine_shape = ls.combine;
     p.local_piece_chunks = ls.piece_chunks;
-    p.local_combine_chunks = ls.combine_chunks;
   }
   EPKIT_CUDA_CHECK(cudaDeviceSynchronize());
   comm.barrier();  // every rank's buffers are zeroed before any peer writes into them

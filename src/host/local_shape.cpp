@@ -31,17 +31,10 @@ size_t local_dispatch_smem_bytes(int num_experts, int topk, int max_tokens) {
 }
 
 int local_piece_chunks(int max_tokens, int topk, int payload_bytes, int max_blocks) {
-  const int64_t wave = static_cast<int64_t>(max_blocks) * kWarps;
-  for (int u : {kernels::kLocalSmallPieceChunks, kernels::kLocalLargePieceChunks, kernels::kLocalLongPieceChunks})
-    if (static_cast<int64_t>(max_tokens) * topk * kernels::local_pieces_per_row(payload_bytes, u) <= wave) return u;
-  return kernels::kLocalLargePieceChunks;
-}
-
-int local_combine_chunks(int max_tokens, int hidden, int max_blocks) {
-  const int64_t per_token = (hidden / 8 + 32 * kernels::kLocalCombineChunks - 1) / (32 * kernels::kLocalCombineChunks);
-  return static_cast<int64_t>(max_tokens) * per_token <= static_cast<int64_t>(max_blocks) * kWarps
-             ? kernels::kLocalCombineChunks
-             : 2 * kernels::kLocalCombineChunks;
+  const int64_t small_units = static_cast<int64_t>(max_tokens) * topk *
+                              kernels::local_pieces_per_row(payload_bytes, kernels::kLocalSmallPieceChunks);
+  return small_units <= static_cast<int64_t>(max_blocks) * kWarps ? kernels::kLocalSmallPieceChunks
+                                                                  : kernels::kLocalLargePieceChunks;
 }
 
 LocalShapes local_shapes(int max_tokens, int topk, int num_experts, int payload_bytes, int hidden, int max_blocks) {
@@ -57,8 +50,7 @@ LocalShapes local_shapes(int max_tokens, int topk, int num_experts, int payload_
                           kernels::local_pieces_per_row(payload_bytes, s.piece_chunks);
     s.dispatch.blocks = spread_blocks(units, max_blocks);
   }
-  if (!large) s.combine_chunks = local_combine_chunks(max_tokens, hidden, max_blocks);
-  const int per_unit = 32 * (large ? 4 : s.combine_chunks);  // 16-byte chunks of 8 elements per warp unit
+  const int per_unit = 32 * (large ? 4 : 1);  // 16-byte chunks of 8 elements per warp unit
   const int64_t combine_units = static_cast<int64_t>(max_tokens) * ((hidden / 8 + per_unit - 1) / per_unit);
   s.combine.blocks = large ? blocks_for(combine_units, max_blocks) : spread_blocks(combine_units, max_blocks);
   s.combine.smem_bytes = 0;

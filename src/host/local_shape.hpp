@@ -12,21 +12,15 @@ struct LocalShapes {
   kernels::LaunchShape dispatch;  // every dispatch kernel (fused, send half, receive half)
   kernels::LaunchShape combine;
   int piece_chunks = 0;           // small objects: CommParams::local_piece_chunks; large: 0
-  int combine_chunks = 0;         // small objects: CommParams::local_combine_chunks; large: 0
 };
 
 // Shared memory of the dispatch kernel (bytes): the counts, then the large path's round arrays or
 // the small path's per-warp counters and one (expert, rank) pair per entry of the largest call.
 size_t local_dispatch_smem_bytes(int num_experts, int topk, int max_tokens);
 
-// The small dispatch's piece of a row: the smallest of 512 B, 2 KB and 4 KB with which all (token,
-// piece, k) units of the largest call fit in one wave of max_blocks blocks, else 2 KB (more, shorter
-// units; not measured against 4 KB there).
+// The small dispatch's piece of a row: the 512-byte piece when all (token, piece, k) units of the
+// largest call fit in one wave of max_blocks blocks, else the 2 KB one.
 int local_piece_chunks(int max_tokens, int topk, int payload_bytes, int max_blocks);
-
-// The small combine's 256-element chunks per (token, chunk) warp unit: 1 when the largest call's
-// units fit in one wave of max_blocks blocks, else 2 (16 rows' loads in flight per lane).
-int local_combine_chunks(int max_tokens, int hidden, int max_blocks);
 
 // Shapes for an object of max_tokens tokens and top-k, payload_bytes per token and hidden
 // elements per output row, on at most max_blocks blocks (>= 1). Small objects: one block per

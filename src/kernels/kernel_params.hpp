@@ -80,8 +80,7 @@ struct CommParams {
   int dispatch_slices;  // slices per dispatch message (arrival counters count slices)
   int combine_slices;   // slices per combine output row (one flag each)
   int weights_at_dispatch;  // 1: weights travel in the dispatch header, combine exchanges none
-  int local_piece_chunks;   // W = 1, M < kLocalLargeTokens: 16-byte chunks per lane of one scatter unit (1, 4 or 8)
-  int local_combine_chunks; // W = 1, M < kLocalLargeTokens: 256-element chunks per combine warp unit (1 or 2)
+  int local_piece_chunks;   // W = 1, M < kLocalLargeTokens: 16-byte chunks per lane of one scatter unit (1 or 4)
   uint64_t timeout_ns;
 
   uint8_t* sym;                 // this rank's symmetric base (nvshmem addresses)
@@ -158,13 +157,11 @@ inline constexpr int kWarpsPerBlock = kThreadsPerBlock / 32;
 // World size 1, the local kernels' shapes (local.cu; the host sizes their launches with
 // host/local_shape.hpp). Large objects place their own tokens kLocalRoundTokens at a time. Small
 // ones rank with up to kWarpsPerBlock warps of kLocalRankCounters / E shared-memory counters each,
-// and scatter one piece of a row per warp: kLocalSmallPieceChunks, kLocalLargePieceChunks or
-// kLocalLongPieceChunks 16-byte chunks per lane (512 B, 2 KB or 4 KB); their combine sums
-// kLocalCombineChunks or 2 x that 256-element chunks per warp unit.
+// and scatter one piece of a row per warp: kLocalSmallPieceChunks or kLocalLargePieceChunks
+// 16-byte chunks per lane (512 B or 2 KB).
 inline constexpr int kLocalRoundTokens = 64;
 inline constexpr int kLocalRankCounters = 8192;
-inline constexpr int kLocalSmallPieceChunks = 1, kLocalLargePieceChunks = 4, kLocalLongPieceChunks = 8;
-inline constexpr int kLocalCombineChunks = 1;
+inline constexpr int kLocalSmallPieceChunks = 1, kLocalLargePieceChunks = 4;
 constexpr int local_rank_warps(int num_experts) {
   return kLocalRankCounters / num_experts < 1 ? 1
          : kLocalRankCounters / num_experts > kWarpsPerBlock ? kWarpsPerBlock

@@ -567,8 +567,7 @@ __device__ void local_dispatch_recv(const CommParams& p, const DispatchIO& io, i
   }
 }
 
-// U: the small path's piece (kLocalSmallPieceChunks, kLocalLargePieceChunks or kLocalLongPieceChunks);
-// the large path has none.
+// U: the small path's piece (kLocalSmallPieceChunks or kLocalLargePieceChunks); the large path has none.
 template <bool kLarge, int U>
 __global__ void __launch_bounds__(kThreads, 1)
     local_dispatch_kernel(const __grid_constant__ CommParams p, const __grid_constant__ DispatchIO io, bool do_send,
@@ -588,7 +587,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 
 // Combine: one warp per (token, kChunks x 256 elements), out (or the staging row) = sum_k w * y.
-template <typename Tin, typename Tout, int kChunks, bool kSpread>
+template <typename Tin, typename Tout, int kChunks>
 __device__ void local_combine_sum(const CommParams& p, const CombineIO& io, int m, Tout* out) {
   const int K = p.topk, H = p.hidden, chunks = H / 8;
   const int per_unit = kWarpSize * kChunks, units = (chunks + per_unit - 1) / per_unit;
@@ -596,11 +595,11 @@ __device__ void local_combine_sum(const CommParams& p, const CombineIO& io, int 
   const int rows = local_rows(p);
   const Tin* y = static_cast<const Tin*>(io.expert_y);
   const uint64_t* wstore = sym_at<uint64_t>(p, p.off_weights_recv);
-  // Small objects (kSpread): unit q on block q % gridDim.x, so that a decode call's rows are read by
-  // as many SMs as there are units, not by the first blocks' 16 warps each (the bytes one SM can
-  // pull from L2 set the time there). Large objects keep contiguous units per block.
+  // Small objects (kChunks == 1): unit q on block q % gridDim.x, so that a decode call's rows are
+  // read by as many SMs as there are units, not by the first blocks' 16 warps each (the bytes one
+  // SM can pull from L2 set the time there). Large objects keep contiguous units per block.
   const int warp = threadIdx.x / kWarpSize;
-  const int q0 = kSpread ? warp * gridDim.x + blockIdx.x : blockIdx.x * kWarps + warp;
+  const int q0 = kChunks == 1 ? warp * gridDim.x + blockIdx.x : blockIdx.x * kWarps + warp;
   for (int q = q0; q < m * units; q += gridDim.x * kWarps) {
     const int t = q / units, cu = q % units;
     int row = -1;
@@ -612,49 +611,32 @@ __device__ void local_combine_sum(const CommParams& p, const CombineIO& io, int 
       if (row >= rows) row = -1;  // never read past expert_y, whatever the map holds
     }
     if (q == q0) EPKIT_STAGE(p, kStMapLoaded);  // thread 0's first row
-    // Small objects load all kChunks x kRowBatch rows of a batch before any use (one round trip per
-    // unit); large ones, and fp32 rows (32 bytes per 8 elements), one chunk's rows at a time: more
-    // would not fit the 128 registers of a 512-thread block (ptxas: 564 bytes of spills for fp32).
-    constexpr int G = kSpread && sizeof(Tin) < 4 ? kChunks : 1;
 #pragma unroll
-    for (int q0c = 0; q0c < kChunks; q0c += G) {
-      float acc[G][8];
-#pragma unroll
-      for (int g = 0; g < G; ++g)
-#pragma unroll
-        for (int i = 0; i < 8; ++i) acc[g][i] = 0.f;
+    for (int qq = 0; qq < kChunks; ++qq) {
+      const int c = cu * per_unit + qq * kWarpSize + lane;
+      float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
 #pragma unroll 1
       for (int kb = 0; kb < K; kb += kRowBatch) {
-        RawRow<Tin> r[G][kRowBatch];
+        RawRow<Tin> r[kRowBatch];
         float w[kRowBatch];
-        bool have[G][kRowBatch];
+        bool have[kRowBatch];
 #pragma unroll
         for (int j = 0; j < kRowBatch; ++j) {  // every row's load before any use
           const int rj = __shfl_sync(0xffffffffu, row, (kb + j) & (kWarpSize - 1));
           w[j] = __shfl_sync(0xffffffffu, wk, (kb + j) & (kWarpSize - 1));
-#pragma unroll
-          for (int g = 0; g < G; ++g) {
-            const int c = cu * per_unit + (q0c + g) * kWarpSize + lane;
-            have[g][j] = kb + j < K && rj >= 0 && c < chunks;
-            if (have[g][j]) r[g][j].load(y + static_cast<size_t>(rj) * H + static_cast<size_t>(c) * 8);
-          }
+          have[j] = kb + j < K && rj >= 0 && c < chunks;
+          if (have[j]) r[j].load(y + static_cast<size_t>(rj) * H + static_cast<size_t>(c) * 8);
         }
 #pragma unroll
-        for (int g = 0; g < G; ++g)
+        for (int j = 0; j < kRowBatch; ++j) {
+          if (!have[j]) continue;
+          float f[8];
+          r[j].unpack(f);
 #pragma unroll
-          for (int j = 0; j < kRowBatch; ++j) {
-            if (!have[g][j]) continue;
-            float f[8];
-            r[g][j].unpack(f);
-#pragma unroll
-            for (int i = 0; i < 8; ++i) acc[g][i] = fmaf(w[j], f[i], acc[g][i]);
-          }
+          for (int i = 0; i < 8; ++i) acc[i] = fmaf(w[j], f[i], acc[i]);
+        }
       }
-#pragma unroll
-      for (int g = 0; g < G; ++g) {
-        const int c = cu * per_unit + (q0c + g) * kWarpSize + lane;
-        if (c < chunks) st16(out + static_cast<size_t>(t) * H + static_cast<size_t>(c) * 8, Vec8<Tout>::pack(acc[g]));
-      }
+      if (c < chunks) st16(out + static_cast<size_t>(t) * H + static_cast<size_t>(c) * 8, Vec8<Tout>::pack(acc));
     }
   }
 }
@@ -670,8 +652,7 @@ __device__ void local_combine_copy(const CommParams& p, const CombineIO& io, int
     out[i] = __ldcg(stage + i);
 }
 
-// kChunks: 256-element chunks per warp unit (large objects 4, small ones CommParams::local_combine_chunks).
-template <typename Tin, typename Tout, bool kLarge, int kChunks>
+template <typename Tin, typename Tout, bool kLarge>
 __global__ void __launch_bounds__(kThreads, 1)
     local_combine_kernel(const __grid_constant__ CommParams p, const __grid_constant__ CombineIO io, bool do_send,
                          bool do_recv) {
@@ -685,7 +666,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (kLarge && blockIdx.x == 0)
       for (int e = threadIdx.x; e < p.num_experts; e += blockDim.x) p.local_counts[e] = 0;
     Tout* out = do_recv ? static_cast<Tout*>(io.out) : sym_at<Tout>(p, p.off_combine_recv);
-    local_combine_sum<Tin, Tout, kChunks, !kLarge>(p, io, m, out);
+    local_combine_sum<Tin, Tout, kLarge ? 4 : 1>(p, io, m, out);
     EPKIT_STAGE(p, kStPartialsSent);
   } else {
     local_combine_copy<Tout>(p, io, m);
@@ -696,9 +677,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 template <typename Tin, typename Tout>
 cudaError_t launch_local_typed(const CommParams& p, const CombineIO& io, bool s, bool r, const LaunchShape& sh,
                                cudaStream_t st) {
-  auto kernel = local_large(p)                                  ? local_combine_kernel<Tin, Tout, true, 4>
-                : p.local_combine_chunks == kLocalCombineChunks ? local_combine_kernel<Tin, Tout, false, kLocalCombineChunks>
-                                                              : local_combine_kernel<Tin, Tout, false, 2 * kLocalCombineChunks>;
+  auto kernel = local_large(p) ? local_combine_kernel<Tin, Tout, true> : local_combine_kernel<Tin, Tout, false>;
   return launch_after_previous(kernel, sh, st, p, io, s, r);
 }
 
@@ -719,8 +698,7 @@ cudaError_t launch_local_dispatch(const CommParams& p, const DispatchIO& io, boo
                                   const LaunchShape& shape, cudaStream_t stream) {
   auto kernel = local_large(p)                                    ? local_dispatch_kernel<true, kLocalLargePieceChunks>
                 : p.local_piece_chunks == kLocalSmallPieceChunks ? local_dispatch_kernel<false, kLocalSmallPieceChunks>
-                : p.local_piece_chunks == kLocalLongPieceChunks  ? local_dispatch_kernel<false, kLocalLongPieceChunks>
-                                                                 : local_dispatch_kernel<false, kLocalLargePieceChunks>;
+                                                            : local_dispatch_kernel<false, kLocalLargePieceChunks>;
   if (shape.smem_bytes > 48 * 1024) {
     cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(shape.smem_bytes));

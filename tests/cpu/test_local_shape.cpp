@@ -27,32 +27,13 @@ TEST(LocalShape, DecodePieceIsSmallWhileTheCallFitsOneWave) {
   EXPECT_EQ(s.piece_chunks, 4);
   EXPECT_EQ(s.dispatch.blocks, kH200Sms);  // 19 x 8 x 4 = 608 units: one per block up to the grid
   EXPECT_EQ(local_shapes(2, K, E, pb, H, kH200Sms).combine.blocks, 56);
-  // 66 tokens: 66 x 8 x 4 = 2112 units of 2 KB fit; 67 need 4 KB pieces (2 per row): 1072 units.
-  EXPECT_EQ(local_shapes(66, K, E, pb, H, kH200Sms).piece_chunks, 4);
-  EXPECT_EQ(local_shapes(67, K, E, pb, H, kH200Sms).piece_chunks, 8);
   s = local_shapes(128, K, E, pb, H, kH200Sms);
-  EXPECT_EQ(s.piece_chunks, 8);            // 128 x 8 x 2 = 2048 units of 4 KB <= 2112
-  EXPECT_EQ(s.dispatch.blocks, kH200Sms);  // capped at the grid
-  // 133 tokens fit in one wave with none of the pieces (2128 units of 4 KB): back to 2 KB.
-  EXPECT_EQ(local_shapes(133, K, E, pb, H, kH200Sms).piece_chunks, 4);
+  EXPECT_EQ(s.piece_chunks, 4);
+  EXPECT_EQ(s.dispatch.blocks, kH200Sms);  // 4096 units: capped at the grid
   // A smaller grid (AllToAllConfig::num_sms) moves the threshold: 1 token needs 112 warps.
   EXPECT_EQ(local_shapes(1, K, E, pb, H, 7).piece_chunks, 1);
   EXPECT_EQ(local_shapes(1, K, E, pb, H, 6).piece_chunks, 4);
   EXPECT_EQ(local_shapes(1, K, E, pb, H, 6).dispatch.blocks, 6);  // 32 units of 2 KB on 6 blocks
-}
-
-TEST(LocalShape, CombineChunksDoubleWhenTheCallDoesNotFitOneWave) {
-  // V3: 7168 / 256 = 28 units per token. 75 tokens: 2100 <= 2112 warps; 76: 2128, so two chunks.
-  const int K = 8, E = 256, pb = 7168, H = 7168;
-  EXPECT_EQ(local_shapes(1, K, E, pb, H, kH200Sms).combine_chunks, 1);
-  EXPECT_EQ(local_shapes(75, K, E, pb, H, kH200Sms).combine_chunks, 1);
-  EXPECT_EQ(local_shapes(75, K, E, pb, H, kH200Sms).combine.blocks, kH200Sms);
-  const LocalShapes s = local_shapes(76, K, E, pb, H, kH200Sms);
-  EXPECT_EQ(s.combine_chunks, 2);
-  EXPECT_EQ(s.combine.blocks, kH200Sms);  // 76 x 14 = 1064 units, one per block up to the grid
-  EXPECT_EQ(local_shapes(4, K, E, pb, H, kH200Sms).combine.blocks, 112);
-  EXPECT_EQ(local_shapes(128, 6, 64, 2048, 2048, kH200Sms).combine_chunks, 1);  // V2-Lite: 8 per token
-  EXPECT_EQ(local_shapes(512, K, E, pb, H, kH200Sms).combine_chunks, 0);        // large objects: none
 }
 
 TEST(LocalShape, V2LiteThreshold) {
