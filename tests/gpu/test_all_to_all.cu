@@ -306,9 +306,11 @@ TEST(AllToAll, OverflowIsReportedNotWritten) {
   cudaStream_t st;
   ASSERT_EQ(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), cudaSuccess);
   std::string problem;
-  for (int it = 0; it < 2 && problem.empty(); ++it) {
+  // m = M, M - 1 (m on the device, captured) and M / 2: at W = 1, M / 2 x K = 32 entries take the
+  // fused dispatch's one-warp ranking (local_dispatch_tiny), the others the shared-memory one.
+  for (int it = 0; it < 3 && problem.empty(); ++it) {
     try {
-      auto groups = make_inputs(cfg, Routing::kUniform, M - it, case_seed(96000 + it));
+      auto groups = make_inputs(cfg, Routing::kUniform, it < 2 ? M - it : M / 2, case_seed(96000 + it));
       for (auto& g : groups)
         for (int t = 0; t < M; ++t) {
           int32_t* row = &g.topk_idx[static_cast<size_t>(t) * K];
