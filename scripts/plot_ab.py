@@ -4,7 +4,7 @@ as grouped bars: one group per (preset, tokens, layout), one bar per tree (media
 event-timed dispatch + combine), a marker for each tree's graph figure, and optional targets.
 
 Usage: scripts/plot_ab.py AB_DIR -o out.png [--trees old,tip] [--labels "before,after"]
-       [--layout masked] [--target decode:1=12 ...] [--floor US] [--title TEXT]
+       [--layout masked] [--target decode:1=12 ...] [--floor US] [--title TEXT] [--tokens 1,128]
 """
 import argparse
 import glob
@@ -45,6 +45,7 @@ def main():
     ap.add_argument("--target", action="append", default=[], help="preset:tokens=us")
     ap.add_argument("--floor", type=float, default=None, help="harness floor of the two timed calls (us)")
     ap.add_argument("--title", default=None)
+    ap.add_argument("--tokens", default=None, help="only these token counts, comma-separated (e.g. leave prefill out)")
     a = ap.parse_args()
     trees = a.trees.split(",")
     labels = a.labels.split(",") if a.labels else trees
@@ -52,6 +53,9 @@ def main():
         sys.exit("--labels needs one label per tree")
     data = load(a.ab_dir, trees, a.layout)
     cases = sorted(set.intersection(*(set(d) for d in data.values())), key=lambda k: (k[0], k[1]))
+    if a.tokens:
+        keep = {int(t) for t in a.tokens.split(",")}
+        cases = [c for c in cases if c[1] in keep]
     targets = {}
     for s in a.target:
         key, us = s.split("=")
@@ -85,7 +89,7 @@ def main():
     ax.set_ylabel("dispatch + combine (us, median)")
     ax.set_title(a.title or f"{a.ab_dir} ({a.layout})", fontsize=10)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    ax.set_ylim(0, max(max(v[0] for v in d.values()) for d in data.values()) * 1.25)
+    ax.set_ylim(0, max(data[t][c][0] for t in trees for c in cases) * 1.25)
     fig.tight_layout()
     fig.savefig(a.out, dpi=120)
     print(f"wrote {a.out}")
