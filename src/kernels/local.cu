@@ -218,10 +218,10 @@ __device__ __forceinline__ int local_send_start(const CommParams& p, const Dispa
 // shared memory or a block barrier before its store (the ranking measured 1.0 us of the 1-token
 // dispatch with them). Same ranks and rows as local_dispatch_small: rank = entries of the same
 // expert earlier in entry order; packed, the expert's first row is the sum of the aligned counts of
-// the experts below it. Block 0 writes the counts after its stores, also without shared memory.
+// the experts below it. Block 0 writes the counts after its stores.
 template <int U>
-__device__ void local_dispatch_tiny(const CommParams& p, const DispatchIO& io, int m) {
-  const int K = p.topk, ns = p.num_scales, n = m * K;
+__device__ void local_dispatch_tiny(const CommParams& p, const DispatchIO& io, int* smem, int m) {
+  const int E = p.num_experts, K = p.topk, ns = p.num_scales, n = m * K;
   const int npc = local_pieces_per_row(p.payload_bytes, U);
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
   const int units = m * npc * K;
@@ -277,37 +277,13 @@ __device__ void local_dispatch_tiny(const CommParams& p, const DispatchIO& io, i
     }
   }
   if (blockIdx.x != 0) return;
-  // Block 0, after its stores: the counts (and, packed, the offsets), what local_counts_out and
-  // write_packed_counts write, with no shared memory or barrier: every warp holds all n entries, so
-  // each thread takes experts el = threadIdx.x + j * blockDim.x and sums over its warp's groups.
-  const int L = p.num_local_experts, last = p.packed ? L : L - 1;  // packed: offsets[L] as well
-  const int align = p.packed ? p.packed_row_align : 1;
-  const int key = lead ? e : -1, cnt = lead ? __popc(peers) : 0, acnt = (cnt + align - 1) / align * align;
-  for (int base = 0; base <= last; base += blockDim.x) {  // uniform bound: every lane shuffles
-    const int el = base + static_cast<int>(threadIdx.x);
-    int tot = 0, first = 0;
-#pragma unroll 8
-    for (int j = 0; j < kWarpSize; ++j) {
-      const int kj = __shfl_sync(0xffffffffu, key, j), cj = __shfl_sync(0xffffffffu, cnt, j),
-                aj = __shfl_sync(0xffffffffu, acnt, j);
-      if (kj == el) tot = cj;
-      if (kj >= 0 && kj < el) first += aj;
-    }
-    if (el > last) continue;
-    if (!p.packed) {
-      io.expert_num_tokens[el] = min(tot, p.capacity);
-      if (tot > p.capacity) record_error(p, kErrCapacity, kPhaseDispatchRecv, kWaitNone, -1, el, -1, tot, p.capacity, 0);
-      continue;
-    }
-    const int R = p.packed_rows, at = min(first, R);
-    io.expert_offsets[el] = at;
-    if (el == L) continue;
-    const int placed = min(tot, R - at);
-    io.expert_num_tokens[el] = placed;
-    if (placed < tot)
-      record_error(p, kErrPackedRows, kPhaseDispatchRecv, kWaitNone, -1, p.rank * L + el, -1,
-                   static_cast<int64_t>(first) + tot, R, 0);
-  }
+  // The counts (and, packed, the offsets) from warp 0's groups, as local_counts_out writes them.
+  const CountSmem cs = carve_counts(smem, E);
+  for (int x = threadIdx.x; x < E; x += blockDim.x) cs.cnt[x] = 0;
+  __syncthreads();
+  if (warp == 0 && lead) cs.cnt[e] = __popc(peers);
+  __syncthreads();
+  local_counts_out(p, io, cs, true);
 }
 
 // Small objects (M < kLocalLargeTokens): dispatch and dispatch_send. Every block ranks all n = m * K
@@ -331,7 +307,7 @@ __device__ void local_dispatch_small(const CommParams& p, const DispatchIO& io, 
   const SmallSmem sm = carve_small(smem, E, p.max_tokens * K);
   const int m = local_send_start(p, io);
   const int n = m * K;
-  if (fused && n <= kWarpSize) return local_dispatch_tiny<U>(p, io, m);
+  if (fused && n <= kWarpSize) return local_dispatch_tiny<U>(p, io, smem, m);
   const int units = fused ? m * npc * K : m * nsd;  // (t, piece, k) fused, (t, slice) split
   // Unit q goes to warp q / gridDim.x of block q % gridDim.x: a decode call's few units land on as
   // many SMs as the grid has (one unit per block first), not on the first blocks' 16 warps each.
