@@ -243,8 +243,7 @@ __device__ void local_dispatch_tiny(const CommParams& p, const DispatchIO& io, i
     const int align = p.packed_row_align;
     const int key = lead ? e : -1, acnt = lead ? (__popc(peers) + align - 1) / align * align : 0;
     int first = 0;
-#pragma unroll 8
-    for (int j = 0; j < kWarpSize; ++j) {
+    for (int j = 0; j < n; ++j) {  // only the n lanes that hold an entry (n is warp-uniform)
       const int ej = __shfl_sync(0xffffffffu, key, j), cj = __shfl_sync(0xffffffffu, acnt, j);
       if (ej >= 0 && ej < e) first += cj;
     }
