@@ -175,6 +175,50 @@ __device__ __forceinline__ void load_slice(const CommParams& p, const DispatchIO
   load_piece<kUnroll>(p, io, t, sl, lane, v, sc);
 }
 
+// dst = src, element by element (register arrays: a prefetched unit taking the place of a load).
+template <typename T, int N>
+__device__ __forceinline__ void take(T (&dst)[N], const T (&src)[N]) {
+#pragma unroll
+  for (int j = 0; j < N; ++j) dst[j] = src[j];
+}
+
+// recv_map[t][1 + k] = row of entry (t, k) (and map[t][0] = t), and with weights_at_dispatch the
+// entry's weight where combine reads it.
+__device__ __forceinline__ void write_map_entry(const CommParams& p, const DispatchIO& io, int t, int k, int row) {
+  const int K = p.topk;
+  int32_t* map = p.recv_map + static_cast<size_t>(t) * (K + 1);
+  map[1 + k] = row;
+  if (k == 0) map[0] = t;
+  if (p.weights_at_dispatch) {
+    const size_t i = static_cast<size_t>(t) * K + k;
+    sym_at<uint64_t>(p, p.off_weights_recv)[i] = __float_as_uint(io.topk_weights[i]);
+  }
+}
+
+// The fused small dispatch's scatter: warp gw stores units q = gw, gw + gstride, ... (unit q = piece
+// q / K % npc of token q / K / npc into the row of entry (t, k = q % K); row_of(i), warp-uniform
+// in i, returns -1 for none), its next unit's load in flight while the current one is stored. pre
+// holds the warp's first unit, loaded by the caller before its ranking.
+template <int U, typename RowOf>
+__device__ __forceinline__ void scatter_units(const CommParams& p, const DispatchIO& io, int gw, int gstride,
+                                              int units, int npc, int4 (&pre)[U], float (&pre_sc)[kScaleRegs],
+                                              RowOf row_of) {
+  const int K = p.topk, ns = p.num_scales, lane = threadIdx.x % kWarpSize;
+  for (int q = gw; q < units; q += gstride) {
+    int4 nxt[U];
+    float nxt_sc[kScaleRegs];
+    const int qn = q + gstride;
+    if (qn < units) load_piece<U>(p, io, qn / K / npc, qn / K % npc, lane, nxt, nxt_sc);
+    const int t = q / K / npc, pc = q / K % npc, k = q % K;
+    const int row = row_of(t * K + k);
+    if (row >= 0) store_row_piece(p, io, pre, pre_sc, ns ? io.x_scale + static_cast<size_t>(t) * ns : nullptr, row, pc, lane);
+    if (qn < units) {
+      take(pre, nxt);
+      take(pre_sc, nxt_sc);
+    }
+  }
+}
+
 // The split send half's message to self for (token t, slice sl): header and scales with slice 0
 // (e, rk: the token's experts and ranks at e[base + k], rk[base + k]), then the payload slice.
 __device__ __forceinline__ void stage_message(const CommParams& p, const DispatchIO& io, const int4 (&v)[kUnroll],
@@ -221,7 +265,7 @@ __device__ __forceinline__ int local_send_start(const CommParams& p, const Dispa
 // the experts below it. Block 0 writes the counts after its stores.
 template <int U>
 __device__ void local_dispatch_tiny(const CommParams& p, const DispatchIO& io, int* smem, int m) {
-  const int E = p.num_experts, K = p.topk, ns = p.num_scales, n = m * K;
+  const int E = p.num_experts, K = p.topk, n = m * K;
   const int npc = local_pieces_per_row(p.payload_bytes, U);
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
   const int units = m * npc * K;
@@ -252,29 +296,10 @@ __device__ void local_dispatch_tiny(const CommParams& p, const DispatchIO& io, i
     row = e * p.capacity + rk;
   }
   EPKIT_STAGE(p, kStHistogramDone);
-  if (blockIdx.x == 0 && warp == 0 && lane < n) {  // recv_map and the weights: lane i is entry i
-    const int t = lane / K, k = lane % K;
-    int32_t* map = p.recv_map + static_cast<size_t>(t) * (K + 1);
-    map[1 + k] = row;
-    if (k == 0) map[0] = t;
-    if (p.weights_at_dispatch) sym_at<uint64_t>(p, p.off_weights_recv)[lane] = __float_as_uint(io.topk_weights[lane]);
-  }
+  if (blockIdx.x == 0 && warp == 0 && lane < n) write_map_entry(p, io, lane / K, lane % K, row);  // lane i: entry i
   EPKIT_STAGE(p, kStOffsetsDone);
-  for (int q = gw; q < units; q += gstride) {  // warp-uniform: the shuffle below has every lane
-    int4 nxt[U];
-    float nxt_sc[kScaleRegs];
-    const int qn = q + gstride;
-    if (qn < units) load_piece<U>(p, io, qn / K / npc, qn / K % npc, lane, nxt, nxt_sc);
-    const int t = q / K / npc, pc = q / K % npc, k = q % K;
-    const int r = __shfl_sync(0xffffffffu, row, t * K + k);
-    if (r >= 0) store_row_piece(p, io, pre, pre_sc, ns ? io.x_scale + static_cast<size_t>(t) * ns : nullptr, r, pc, lane);
-    if (qn < units) {
-#pragma unroll
-      for (int j = 0; j < U; ++j) pre[j] = nxt[j];
-#pragma unroll
-      for (int j = 0; j < kScaleRegs; ++j) pre_sc[j] = nxt_sc[j];
-    }
-  }
+  scatter_units<U>(p, io, gw, gstride, units, npc, pre, pre_sc,
+                   [&](int i) { return __shfl_sync(0xffffffffu, row, i); });  // every lane: q is warp-uniform
   if (blockIdx.x != 0) return;
   // The counts (and, packed, the offsets) from warp 0's groups, as local_counts_out writes them.
   const CountSmem cs = carve_counts(smem, E);
@@ -300,7 +325,7 @@ __device__ void local_dispatch_tiny(const CommParams& p, const DispatchIO& io, i
 // stages the message to self.
 template <int U>
 __device__ void local_dispatch_small(const CommParams& p, const DispatchIO& io, int* smem, bool fused) {
-  const int E = p.num_experts, K = p.topk, nsd = p.dispatch_slices, ns = p.num_scales;
+  const int E = p.num_experts, K = p.topk, nsd = p.dispatch_slices;
   const int npc = local_pieces_per_row(p.payload_bytes, U);
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
   const SmallSmem sm = carve_small(smem, E, p.max_tokens * K);
@@ -406,10 +431,7 @@ __device__ void local_dispatch_small(const CommParams& p, const DispatchIO& io, 
       int4 v[kUnroll];
       float sc[kScaleRegs];
       if (q == gw) {
-#pragma unroll
-        for (int j = 0; j < kUnroll; ++j) v[j] = pre_split[j];
-#pragma unroll
-        for (int j = 0; j < kScaleRegs; ++j) sc[j] = pre_sc[j];
+        take(v, pre_split), take(sc, pre_sc);
       } else {
         load_slice(p, io, t, sl, lane, v, sc);
       }
@@ -423,30 +445,10 @@ __device__ void local_dispatch_small(const CommParams& p, const DispatchIO& io, 
     const int e = sm.ent[i];
     return e >= 0 ? expert_row(p, e, rank_of(i, e), sm.first) : -1;
   };
-  // recv_map[t] = (t, row per k) and the weights where combine reads them: one thread per entry.
-  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
-    const int t = i / K, k = i % K;
-    int32_t* map = p.recv_map + static_cast<size_t>(t) * (K + 1);
-    map[1 + k] = row_of(i);
-    if (k == 0) map[0] = t;
-    if (p.weights_at_dispatch) sym_at<uint64_t>(p, p.off_weights_recv)[i] = __float_as_uint(io.topk_weights[i]);
-  }
-  // One warp per (t, piece, k), the next unit's load in flight while the current one is stored.
-  for (int q = gw; q < units; q += gstride) {
-    int4 nxt[U];
-    float nxt_sc[kScaleRegs];
-    const int qn = q + gstride;
-    if (qn < units) load_piece<U>(p, io, qn / K / npc, qn / K % npc, lane, nxt, nxt_sc);
-    const int t = q / K / npc, pc = q / K % npc, k = q % K;
-    const int row = row_of(t * K + k);
-    if (row >= 0) store_row_piece(p, io, pre, pre_sc, ns ? io.x_scale + static_cast<size_t>(t) * ns : nullptr, row, pc, lane);
-    if (qn < units) {
-#pragma unroll
-      for (int j = 0; j < U; ++j) pre[j] = nxt[j];
-#pragma unroll
-      for (int j = 0; j < kScaleRegs; ++j) pre_sc[j] = nxt_sc[j];
-    }
-  }
+  // recv_map and the weights: one thread per entry; then one warp per (t, piece, k).
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+    write_map_entry(p, io, i / K, i % K, row_of(i));
+  scatter_units<U>(p, io, gw, gstride, units, npc, pre, pre_sc, row_of);
 }
 
 // Large objects (M >= kLocalLargeTokens): dispatch and dispatch_send. Each block counts and ranks
@@ -557,12 +559,7 @@ __device__ void local_dispatch_large(const CommParams& p, const DispatchIO& io, 
         if (fused) {
           const int row = e >= 0 ? expert_row(p, e, rk, sm.first) : -1;
           sm.tok_rk[ui * K + lane] = row;
-          int32_t* map = p.recv_map + static_cast<size_t>(t) * (K + 1);
-          map[1 + lane] = row;
-          if (lane == 0) map[0] = t;
-          if (p.weights_at_dispatch)  // where combine reads them
-            sym_at<uint64_t>(p, p.off_weights_recv)[static_cast<size_t>(t) * K + lane] =
-                __float_as_uint(io.topk_weights[static_cast<size_t>(t) * K + lane]);
+          write_map_entry(p, io, t, lane, row);
         } else {
           sm.tok_rk[ui * K + lane] = rk;
         }
@@ -575,10 +572,7 @@ __device__ void local_dispatch_large(const CommParams& p, const DispatchIO& io, 
       int4 v[kUnroll];
       float sc[kScaleRegs];
       if (prefetched && r0 == u0 && w == warp) {
-#pragma unroll
-        for (int q = 0; q < kUnroll; ++q) v[q] = pre[q];
-#pragma unroll
-        for (int i = 0; i < kScaleRegs; ++i) sc[i] = pre_sc[i];
+        take(v, pre), take(sc, pre_sc);
       } else {
         load_slice(p, io, t, sl, lane, v, sc);
       }
