@@ -254,10 +254,7 @@ AllToAll::AllToAll(const Communicator& comm, const AllToAllConfig& cfg_in) : imp
   // when the largest possible call has less work than that (every block pays fixed set-up work).
   int max_blocks = cfg.num_sms > 0 && cfg.num_sms < sms ? cfg.num_sms : sms;
   if (max_blocks > kMaxGridBlocks) max_blocks = kMaxGridBlocks;
-  auto blocks_for = [&](int units) {
-    const int b = (units + kernels::kWarpsPerBlock - 1) / kernels::kWarpsPerBlock;
-    return b < 1 ? 1 : (b > max_blocks ? max_blocks : b);
-  };
+  auto blocks_for = [&](int64_t units) { return host::blocks_for(units, max_blocks); };
   I.dispatch_shape = {blocks_for(kernels::dispatch_units(p.world_size, p.max_msgs_per_src, p.dispatch_slices)),
                       kernels::dispatch_smem_bytes(cfg.world_size, cfg.num_experts, cfg.experts_per_token)};
   I.combine_shape = {

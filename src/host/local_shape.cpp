@@ -7,13 +7,14 @@
 
 namespace epkit::host {
 
+int blocks_for(int64_t warp_units, int max_blocks) {
+  const int64_t b = (warp_units + kernels::kWarpsPerBlock - 1) / kernels::kWarpsPerBlock;
+  return static_cast<int>(std::clamp<int64_t>(b, 1, max_blocks));
+}
+
 namespace {
 constexpr int kWarps = kernels::kWarpsPerBlock;
 
-int blocks_for(int64_t warp_units, int max_blocks) {
-  const int64_t b = (warp_units + kWarps - 1) / kWarps;
-  return static_cast<int>(std::clamp<int64_t>(b, 1, max_blocks));
-}
 // Small objects spread their units one per block first (local.cu maps unit q to block
 // q % gridDim.x): as many blocks as units, up to max_blocks.
 int spread_blocks(int64_t warp_units, int max_blocks) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 #include "kernels/kernel_params.hpp"
 
@@ -13,6 +14,10 @@ struct LocalShapes {
   kernels::LaunchShape combine;
   int piece_chunks = 0;           // small objects: CommParams::local_piece_chunks; large: 0
 };
+
+// Blocks of kThreadsPerBlock threads for one warp per unit: ceil(warp_units / warps per block),
+// at least 1 and at most max_blocks (every kernel's grid, not only the local ones').
+int blocks_for(int64_t warp_units, int max_blocks);
 
 // Shared memory of the dispatch kernel (bytes): the counts, then the large path's round arrays or
 // the small path's per-warp counters and one (expert, rank) pair per entry of the largest call.

@@ -71,6 +71,13 @@ TEST(LocalShape, DispatchSharedMemoryFitsABlockForEveryAcceptedConfig) {
   EXPECT_EQ(local_dispatch_smem_bytes(256, 8, 512), local_dispatch_smem_bytes(256, 8, 65536));
 }
 
+TEST(LocalShape, BlocksForOneWarpPerUnit) {  // every kernel's grid (all_to_all.cu uses it too)
+  EXPECT_EQ(blocks_for(0, kH200Sms), 1);
+  EXPECT_EQ(blocks_for(16, kH200Sms), 1);
+  EXPECT_EQ(blocks_for(17, kH200Sms), 2);
+  EXPECT_EQ(blocks_for(int64_t{1} << 40, kH200Sms), kH200Sms);
+}
+
 TEST(LocalShape, ZeroBlocksIsAnError) {
   try {
     local_shapes(1, 8, 256, 7168, 7168, 0);
