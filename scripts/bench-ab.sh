@@ -15,7 +15,8 @@
 #   scripts/bench-ab.sh run-libs OUTDIR BUILD [--reps N] [-- epkit-bench args]
 #                                                 on the GPU machine (carry ".ab"): BUILD's epkit-bench
 #                                                 with BUILD's libepkit.so ("tip") and with each
-#                                                 .ab/lib/NAME/libepkit.so in turn, N rounds
+#                                                 .ab/lib/NAME/libepkit.so in turn (EPKIT_AB_LIBS="A B":
+#                                                 only those), N rounds
 #
 # `run` and `run-libs` print one table row per (tree, round, case) and, last, the median over rounds
 # per tree and case, so a change smaller than the round-to-round spread shows as such. The JSON of
@@ -161,7 +162,11 @@ case "$cmd" in
     export NVSHMEM_DISABLE_NVLS=1 NCCL_NVLS_ENABLE=0
     ngpu=$(nvidia-smi -L | grep -c '^GPU')
     trees=(tip)
-    for t in .ab/lib/*/; do [ -f "$t/libepkit.so" ] && trees+=("$(basename "$t")"); done
+    if [ -n "${EPKIT_AB_LIBS:-}" ]; then  # a chosen subset, in that order
+      for t in $EPKIT_AB_LIBS; do [ -f ".ab/lib/$t/libepkit.so" ] || { echo "no .ab/lib/$t/libepkit.so" >&2; exit 2; }; trees+=("$t"); done
+    else
+      for t in .ab/lib/*/; do [ -f "$t/libepkit.so" ] && trees+=("$(basename "$t")"); done
+    fi
     # The libraries BUILD's binaries find through their RUNPATH: its own MoE library and NVSHMEM's.
     nvlib=$(sed -n 's|^_nvshmem_host:FILEPATH=||p' "$BLD/CMakeCache.txt")
     base="$PWD/$BLD/src/moe${nvlib:+:$(dirname "$nvlib")}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"

@@ -160,6 +160,12 @@ inline constexpr int kWarpsPerBlock = kThreadsPerBlock / 32;
 // and scatter one piece of a row per warp: kLocalSmallPieceChunks or kLocalLargePieceChunks
 // 16-byte chunks per lane (512 B or 2 KB).
 inline constexpr int kLocalRoundTokens = 64;
+// Fused small dispatches of 32 < m * K <= kLocalScanEntries entries rank each entry in the warp that
+// stores it (local.cu, scan_rank: ~m * K / 64 loads per lane per unit); larger ones rank once per block.
+#ifndef EPKIT_LOCAL_SCAN_ENTRIES
+#define EPKIT_LOCAL_SCAN_ENTRIES 1024
+#endif
+inline constexpr int kLocalScanEntries = EPKIT_LOCAL_SCAN_ENTRIES;
 inline constexpr int kLocalRankCounters = 8192;
 inline constexpr int kLocalSmallPieceChunks = 1, kLocalLargePieceChunks = 4;
 constexpr int local_rank_warps(int num_experts) {

@@ -162,20 +162,21 @@ TEST(Reliability, DeviceSideErrorsAreReportedNotWritten) {
   cudaStream_t st;
   ASSERT_EQ(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), cudaSuccess);
   const int G = comm().world_size();
-  // 1) An expert index >= E on the token the sender of group 0, token 0 owns.
-  {
+  // 1) An expert index >= E on the token the sender of group 0, token 0 owns. At world size 1, 6
+  // tokens (24 entries) and 16 (64) take the two small dispatches (local.cu: tiny and scan).
+  for (const int m : {6, 16}) {
     const AllToAllConfig cfg = small_config(1);
     AllToAll a2a(comm(), cfg);
     RankBuffers b;
     b.allocate(cfg, DType::kInt64);
     std::string problem;
     try {
-      auto groups = make_inputs(cfg, Routing::kUniform, 6, case_seed(7));
+      auto groups = make_inputs(cfg, Routing::kUniform, m, case_seed(7 + 1000 * m));
       groups[0].topk_idx[1] = cfg.num_experts + 5;
       b.upload(cfg, groups[cfg.rank / cfg.dp_size], st);
       const bool owner = cfg.rank == dp_sender_rank(cfg, 0, 0);
       // Raised at the end of the layer (after combine launched) or by check(), never mid-layer.
-      auto layer = [&] { layer_then_check(a2a, cfg, b, 6, false, st); };
+      auto layer = [&] { layer_then_check(a2a, cfg, b, m, false, st); };
       std::string err;
       if (owner) err = expect_error(layer, "but num_experts = " + std::to_string(cfg.num_experts));
       else layer();
@@ -188,7 +189,7 @@ TEST(Reliability, DeviceSideErrorsAreReportedNotWritten) {
     }
     const std::string after = good_layer(a2a, cfg, b, st, case_seed(8));  // every rank, always
     if (problem.empty()) problem = after;
-    AGREE_OR_FAIL(problem, "expert index out of range");
+    AGREE_OR_FAIL(problem, "expert index out of range, m = " + std::to_string(m));
   }
   // 2) Device-side m larger than max_tokens_per_rank: clamped to M and reported.
   {
