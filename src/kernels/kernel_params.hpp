@@ -160,12 +160,18 @@ inline constexpr int kWarpsPerBlock = kThreadsPerBlock / 32;
 // and scatter one piece of a row per warp: kLocalSmallPieceChunks or kLocalLargePieceChunks
 // 16-byte chunks per lane (512 B or 2 KB).
 inline constexpr int kLocalRoundTokens = 64;
-// Fused small dispatches of 32 < m * K <= kLocalScanEntries entries rank each entry in the warp that
-// stores it (local.cu, scan_rank: ~m * K / 64 loads per lane per unit); larger ones rank once per block.
-#ifndef EPKIT_LOCAL_SCAN_ENTRIES
-#define EPKIT_LOCAL_SCAN_ENTRIES 1024
+// Fused small dispatches of n = m * K entries, units (token, piece, k) over `warps` warps: each
+// warp ranks its units' entries itself (local.cu, scan_rank: ~n / 64 loads per lane per unit) while
+// that costs at most kLocalScanWork entries per warp (n times its units). Measured on one H200
+// against the block-wide ranking: faster at V3 128 tokens (1024 x 2) and V2-Lite 256 (1536 x 1) and
+// 384 (2304 x 2), even at V3 192 (1536 x 3), slower at V3 256 (2048 x 4) and 384.
+#ifndef EPKIT_LOCAL_SCAN_WORK
+#define EPKIT_LOCAL_SCAN_WORK 4608
 #endif
-inline constexpr int kLocalScanEntries = EPKIT_LOCAL_SCAN_ENTRIES;
+inline constexpr int64_t kLocalScanWork = EPKIT_LOCAL_SCAN_WORK;
+constexpr bool local_scan_ranks(int n, int units, int warps) {
+  return n > 32 && static_cast<int64_t>(n) * ((units + warps - 1) / warps) <= kLocalScanWork;
+}
 inline constexpr int kLocalRankCounters = 8192;
 inline constexpr int kLocalSmallPieceChunks = 1, kLocalLargePieceChunks = 4;
 constexpr int local_rank_warps(int num_experts) {

@@ -36,7 +36,11 @@ constexpr int kHistUnroll = 4;    // topk loads in flight per lane in the histog
 constexpr int kUnroll = 4;        // 16-byte chunks per lane per dispatch slice (kSliceBytes)
 constexpr int kSliceChunks = kWarpSize * kUnroll;
 constexpr int kScaleRegs = 4;     // scales per lane held in registers (128 per token, H <= 16384)
-constexpr int kRowBatch = 8;      // expert rows whose loads combine keeps in flight together
+constexpr int kRowBatch = 8;      // small combine: expert rows whose loads a warp keeps in flight together
+// Large combine: rows whose four 512-byte pieces (a unit's 1024 elements) a warp loads together.
+// Two rows of four pieces measured faster at 4096 tokens than eight rows of one piece (V3 combine
+// 143.5 -> 141.0 us: each row's 2 KB read in one go) and than four rows (180 us).
+constexpr int kLargeRowBatch = 2;
 // Small objects, fused: one scatter unit is a piece of U 16-byte chunks per lane (512 B or 2 KB per
 // warp). host::local_shapes picks the smaller when all of a call's units fit in one wave of the grid
 // (decode: more warps and SMs share a token's K rows), else the larger (fewer, longer units:
@@ -348,10 +352,10 @@ __device__ __forceinline__ int scan_rank(const DispatchIO& io, int i, int e, int
   return __reduce_add_sync(0xffffffffu, mine);
 }
 
-// Fused dispatch of 32 < n <= kLocalScanEntries entries (decode at 5-128 tokens for top-8): the
-// warp of each unit finds its entry's rank itself (scan_rank), so that with the masked layout no
-// warp waits for another, for shared memory or for a block barrier before its stores (the ranking
-// in every block, barriers and per-warp prefix included, measured 3.2 us of the 128-token dispatch).
+// Fused dispatch of more than 32 entries whose scans stay short (local_scan_ranks): the warp of each
+// unit finds its entry's rank itself (scan_rank), so that with the masked layout no warp waits for
+// another, for shared memory or for a block barrier before its stores (the ranking in every block,
+// barriers and per-warp prefix included, measured 3.2 us of the 128-token dispatch).
 // Same ranks and rows as local_dispatch_small. The counts need no order, so they are shared-memory
 // atomics: packed, in every block before the stores (each expert's first row is the aligned sum of
 // the counts below it); masked, in block 0 after its stores. That block also reports bad indices.
@@ -416,8 +420,8 @@ __device__ void local_dispatch_small(const CommParams& p, const DispatchIO& io, 
   const int m = local_send_start(p, io);
   const int n = m * K;
   if (fused && n <= kWarpSize) return local_dispatch_tiny<U>(p, io, smem, m);
-  if (fused && n <= kLocalScanEntries) return local_dispatch_scan<U>(p, io, smem, m);
   const int units = fused ? m * npc * K : m * nsd;  // (t, piece, k) fused, (t, slice) split
+  if (fused && local_scan_ranks(n, units, gridDim.x * kWarps)) return local_dispatch_scan<U>(p, io, smem, m);
   // Unit q goes to warp q / gridDim.x of block q % gridDim.x: a decode call's few units land on as
   // many SMs as the grid has (one unit per block first), not on the first blocks' 16 warps each.
   const int gw = warp * gridDim.x + blockIdx.x, gstride = gridDim.x * kWarps;
@@ -738,6 +742,38 @@ __global__ void __launch_bounds__(kThreads, 1)
   EPKIT_STAGE(p, kStDispatchDone);
 }
 
+// acc[qq] += sum over k < K of w_k * y[row_k][8 c[qq] .. 8 c[qq] + 7] (lane k holds row_k, -1: none,
+// and w_k): kB rows at a time, the loads of all their kN chunks issued before any is used.
+template <int kB, int kN, typename Tin>
+__device__ __forceinline__ void sum_rows(const Tin* y, int H, int K, int row, float wk, const int* c, int chunks,
+                                         float (*acc)[8]) {
+#pragma unroll 1
+  for (int kb = 0; kb < K; kb += kB) {
+    RawRow<Tin> r[kB][kN];
+    float w[kB];
+    bool have[kB];
+#pragma unroll
+    for (int j = 0; j < kB; ++j) {
+      const int rj = __shfl_sync(0xffffffffu, row, (kb + j) & (kWarpSize - 1));
+      w[j] = __shfl_sync(0xffffffffu, wk, (kb + j) & (kWarpSize - 1));
+      have[j] = kb + j < K && rj >= 0;
+#pragma unroll
+      for (int qq = 0; qq < kN; ++qq)
+        if (have[j] && c[qq] < chunks) r[j][qq].load(y + static_cast<size_t>(rj) * H + static_cast<size_t>(c[qq]) * 8);
+    }
+#pragma unroll
+    for (int j = 0; j < kB; ++j)
+#pragma unroll
+      for (int qq = 0; qq < kN; ++qq) {
+        if (!have[j] || c[qq] >= chunks) continue;
+        float f[8];
+        r[j][qq].unpack(f);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[qq][i] = fmaf(w[j], f[i], acc[qq][i]);
+      }
+  }
+}
+
 // Combine: one warp per (token, kChunks x 256 elements), out (or the staging row) = sum_k w * y.
 template <typename Tin, typename Tout, int kChunks>
 __device__ void local_combine_sum(const CommParams& p, const CombineIO& io, int m, Tout* out) {
@@ -752,8 +788,14 @@ __device__ void local_combine_sum(const CommParams& p, const CombineIO& io, int 
   // SM can pull from L2 set the time there). Large objects keep contiguous units per block.
   const int warp = threadIdx.x / kWarpSize;
   const int q0 = kChunks == 1 ? warp * gridDim.x + blockIdx.x : blockIdx.x * kWarps + warp;
-  for (int q = q0; q < m * units; q += gridDim.x * kWarps) {
-    const int t = q / units, cu = q % units;
+  // Small objects: when one unit per warp would take more than one wave of the grid, a warp sums g
+  // consecutive units of one token, one after the other, so that it loads the token's map row once
+  // instead of once per wave (each map load is a round trip before any row can be read).
+  const int nwarps = gridDim.x * kWarps;
+  const int g = kChunks == 1 && m * units > nwarps ? min(units, (m * units + nwarps - 1) / nwarps) : 1;
+  const int groups = (units + g - 1) / g;
+  for (int q = q0; q < m * groups; q += nwarps) {
+    const int t = q / groups, cu0 = q % groups * g;
     int row = -1;
     float wk = 0.f;
     if (lane < K) {  // the map and the weight load together
@@ -763,32 +805,27 @@ __device__ void local_combine_sum(const CommParams& p, const CombineIO& io, int 
       if (row >= rows) row = -1;  // never read past expert_y, whatever the map holds
     }
     if (q == q0) EPKIT_STAGE(p, kStMapLoaded);  // thread 0's first row
-#pragma unroll
-    for (int qq = 0; qq < kChunks; ++qq) {
-      const int c = cu * per_unit + qq * kWarpSize + lane;
-      float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    if constexpr (kChunks == 1) {
 #pragma unroll 1
-      for (int kb = 0; kb < K; kb += kRowBatch) {
-        RawRow<Tin> r[kRowBatch];
-        float w[kRowBatch];
-        bool have[kRowBatch];
-#pragma unroll
-        for (int j = 0; j < kRowBatch; ++j) {  // every row's load before any use
-          const int rj = __shfl_sync(0xffffffffu, row, (kb + j) & (kWarpSize - 1));
-          w[j] = __shfl_sync(0xffffffffu, wk, (kb + j) & (kWarpSize - 1));
-          have[j] = kb + j < K && rj >= 0 && c < chunks;
-          if (have[j]) r[j].load(y + static_cast<size_t>(rj) * H + static_cast<size_t>(c) * 8);
-        }
-#pragma unroll
-        for (int j = 0; j < kRowBatch; ++j) {
-          if (!have[j]) continue;
-          float f[8];
-          r[j].unpack(f);
-#pragma unroll
-          for (int i = 0; i < 8; ++i) acc[i] = fmaf(w[j], f[i], acc[i]);
-        }
+      for (int cu = cu0; cu < min(units, cu0 + g); ++cu) {
+        const int c = cu * kWarpSize + lane;
+        float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+        sum_rows<kRowBatch, 1>(y, H, K, row, wk, &c, chunks, &acc);
+        if (c < chunks) st16(out + static_cast<size_t>(t) * H + static_cast<size_t>(c) * 8, Vec8<Tout>::pack(acc));
       }
-      if (c < chunks) st16(out + static_cast<size_t>(t) * H + static_cast<size_t>(c) * 8, Vec8<Tout>::pack(acc));
+    } else {
+      int c[kChunks];
+#pragma unroll
+      for (int qq = 0; qq < kChunks; ++qq) c[qq] = cu0 * per_unit + qq * kWarpSize + lane;
+      float acc[kChunks][8];
+#pragma unroll
+      for (int qq = 0; qq < kChunks; ++qq)
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[qq][i] = 0.f;
+      sum_rows<kLargeRowBatch, kChunks>(y, H, K, row, wk, c, chunks, acc);
+#pragma unroll
+      for (int qq = 0; qq < kChunks; ++qq)
+        if (c[qq] < chunks) st16(out + static_cast<size_t>(t) * H + static_cast<size_t>(c[qq]) * 8, Vec8<Tout>::pack(acc[qq]));
     }
   }
 }

@@ -71,6 +71,25 @@ TEST(LocalShape, DispatchSharedMemoryFitsABlockForEveryAcceptedConfig) {
   EXPECT_EQ(local_dispatch_smem_bytes(256, 8, 512), local_dispatch_smem_bytes(256, 8, 65536));
 }
 
+// Which fused small dispatches rank each entry in its own warp (kernels::local_scan_ranks), with the
+// units and grid the object's shapes give: the cases measured on one H200 (kernel_params.hpp).
+TEST(LocalShape, ScanRankingWhileScansStayShort) {
+  auto scans = [](int m, int K, int E, int pb, int H) {
+    const LocalShapes s = local_shapes(m, K, E, pb, H, kH200Sms);
+    const int units = m * K * kernels::local_pieces_per_row(pb, s.piece_chunks);
+    return kernels::local_scan_ranks(m * K, units, s.dispatch.blocks * kernels::kWarpsPerBlock);
+  };
+  const int v3 = 7168, v2 = 2048;  // fp8 payload bytes per token
+  EXPECT_FALSE(scans(4, 8, 256, v3, 7168));   // 32 entries: the one-warp path (local_dispatch_tiny)
+  EXPECT_TRUE(scans(5, 8, 256, v3, 7168));
+  EXPECT_TRUE(scans(128, 8, 256, v3, 7168));  // 1024 entries x 2 units per warp
+  EXPECT_TRUE(scans(192, 8, 256, v3, 7168));  // 1536 x 3 = 4608
+  EXPECT_FALSE(scans(256, 8, 256, v3, 7168)); // 2048 x 4
+  EXPECT_TRUE(scans(256, 6, 64, v2, 2048));   // V2-Lite: 1536 x 1
+  EXPECT_TRUE(scans(384, 6, 64, v2, 2048));   // 2304 x 2
+  EXPECT_FALSE(scans(511, 6, 64, v2, 2048));  // 3066 x 2
+}
+
 TEST(LocalShape, BlocksForOneWarpPerUnit) {  // every kernel's grid (all_to_all.cu uses it too)
   EXPECT_EQ(blocks_for(0, kH200Sms), 1);
   EXPECT_EQ(blocks_for(16, kH200Sms), 1);
