@@ -221,8 +221,10 @@ __device__ __forceinline__ int read_expert(const CommParams& p, const void* idx,
   const uint32_t* w = static_cast<const uint32_t*>(idx);
   const bool wide = type == kIdxInt64;
   const int64_t at = wide ? 2 * i : i;
-  const uint32_t lo = w[at];
-  const uint32_t hi = wide ? w[at + 1] : 0u;  // little-endian int64: the high word follows
+  // Read-only loads (the indices are an input, never written while a kernel runs): a loop's later
+  // index loads may then be issued before an earlier entry's error record, instead of after it.
+  const uint32_t lo = __ldg(w + at);
+  const uint32_t hi = wide ? __ldg(w + at + 1) : 0u;  // little-endian int64: the high word follows
   const int64_t v = wide ? static_cast<int64_t>((static_cast<uint64_t>(hi) << 32) | lo)
                     : type == kIdxInt32 ? static_cast<int64_t>(static_cast<int32_t>(lo))
                     : lo == 0xffffffffu ? int64_t{-1}

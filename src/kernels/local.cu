@@ -358,7 +358,8 @@ __device__ __forceinline__ int scan_rank(const DispatchIO& io, int i, int e, int
 // barriers and per-warp prefix included, measured 3.2 us of the 128-token dispatch).
 // Same ranks and rows as local_dispatch_small. The counts need no order, so they are shared-memory
 // atomics: packed, in every block before the stores (each expert's first row is the aligned sum of
-// the counts below it); masked, in block 0 after its stores. That block also reports bad indices.
+// the counts below it); masked, in the last block after its stores. The writer block also reports
+// bad indices.
 template <int U>
 __device__ void local_dispatch_scan(const CommParams& p, const DispatchIO& io, int* smem, int m) {
   const int E = p.num_experts, K = p.topk, n = m * K;
@@ -370,15 +371,20 @@ __device__ void local_dispatch_scan(const CommParams& p, const DispatchIO& io, i
   int4 pre[U] = {};
   float pre_sc[kScaleRegs] = {};
   if (gw < units) load_piece<U>(p, io, gw / K / npc, gw / K % npc, lane, pre, pre_sc);
+  // The block that writes the counts and reports bad indices: packed, block 0 (every block counts);
+  // masked, the last block, which has the fewest units (q % gridDim.x), after its stores (measured:
+  // 128 tokens 18.2 -> 17.8 us against block 0).
+  const bool writer = blockIdx.x == (p.packed ? 0 : gridDim.x - 1);
   auto count_all = [&] {  // ends synced (local_counts_out's packed prefix, or the barrier here)
     for (int x = threadIdx.x; x < E; x += blockDim.x) cs.cnt[x] = 0;
     __syncthreads();
+#pragma unroll 4
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
-      const int e = read_expert(p, io.topk_idx, io.idx_type, i, kPhaseDispatchSend, i / K, 0, blockIdx.x == 0);
+      const int e = read_expert(p, io.topk_idx, io.idx_type, i, kPhaseDispatchSend, i / K, 0, writer);
       if (e >= 0) atomicAdd(&cs.cnt[e], 1);
     }
     __syncthreads();
-    local_counts_out(p, io, cs, blockIdx.x == 0);
+    local_counts_out(p, io, cs, writer);
   };
   if (p.packed) count_all();
   EPKIT_STAGE(p, kStHistogramDone);
@@ -395,7 +401,7 @@ __device__ void local_dispatch_scan(const CommParams& p, const DispatchIO& io, i
         return row;
       },
       true);
-  if (!p.packed && blockIdx.x == 0) count_all();
+  if (!p.packed && writer) count_all();
 }
 
 // Small objects (M < kLocalLargeTokens): dispatch and dispatch_send. Every block ranks all n = m * K
