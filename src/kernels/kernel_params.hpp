@@ -165,7 +165,7 @@ inline constexpr int kLocalRoundTokens = 64;
 // that costs at most kLocalScanWork entries per warp (n times its units). Measured on one H200
 // against the block-wide ranking: faster at V3 128 tokens (1024 x 2) and V2-Lite 256 (1536 x 1) and
 // 384 (2304 x 2), even at V3 192 (1536 x 3), slower at V3 256 (2048 x 4) and 384.
-#ifndef EPKIT_LOCAL_SCAN_WORK
+#ifndef EPKIT_LOCAL_SCAN_WORK  // set only by A/B builds (scripts/bench-ab.sh prepare-lib, EPKIT_AB_FLAGS)
 #define EPKIT_LOCAL_SCAN_WORK 4608
 #endif
 inline constexpr int64_t kLocalScanWork = EPKIT_LOCAL_SCAN_WORK;

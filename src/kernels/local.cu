@@ -9,7 +9,8 @@
 // scales) straight into expert_x; recv_map[t] = (t, expert_x row per k) tells combine where each
 // (t, k) went. Small objects (M < kLocalLargeTokens): every block ranks all m * K entries the same
 // way (in entry order, so the rows are deterministic), with no communication between blocks, and any
-// warp of the grid places any (token, piece of the row, k). Large ones: each block gives its own chunk
+// warp of the grid places any (token, piece of the row, k); while that is cheaper (decode sizes:
+// local_scan_ranks), each warp ranks only its own unit's entry instead. Large ones: each block gives its own chunk
 // of tokens their ranks (in an order set by shared atomics), counts only that chunk and takes its base
 // in each expert with one global atomic per (block, expert); the packed layout then needs every
 // total before any offset, one grid-wide step (all blocks resident, as the fused kernels of every
