@@ -8,7 +8,13 @@
 set -u
 run=$1; bin=$2; np=$3; mode=$4
 if ! nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then echo "skipped: no GPU"; exit 77; fi
-export NVSHMEM_DISABLE_NVLS=1 NCCL_NVLS_ENABLE=0 EPKIT_TIMEOUT_MS=${EPKIT_TIMEOUT_MS:-3000}
+# The bounded wait under test: its own knob, not an EPKIT_TIMEOUT_MS inherited from the caller's
+# environment (an exported 120 s one outlasted the launcher's 30 s grace and the test's 120 s limit,
+# and the test failed for that reason alone). It must stay well inside both.
+fault_ms=${EPKIT_FAULT_TIMEOUT_MS:-3000}
+if [ "$fault_ms" -gt 20000 ]; then echo "FAULT TEST FAILED ($mode): EPKIT_FAULT_TIMEOUT_MS=$fault_ms exceeds 20000 (the launcher's grace is 30 s)"; exit 1; fi
+[ -n "${EPKIT_TIMEOUT_MS:-}" ] && [ "$EPKIT_TIMEOUT_MS" != "$fault_ms" ] && echo "note: EPKIT_TIMEOUT_MS=$EPKIT_TIMEOUT_MS from the environment is replaced by $fault_ms for this test"
+export NVSHMEM_DISABLE_NVLS=1 NCCL_NVLS_ENABLE=0 EPKIT_TIMEOUT_MS=$fault_ms
 log=$(mktemp)
 start=$(date +%s)
 "$run" -n "$np" --grace-ms 30000 -- "$bin" --mode "$mode" > "$log" 2>&1
