@@ -200,26 +200,45 @@ __device__ __forceinline__ void write_map_entry(const CommParams& p, const Dispa
   }
 }
 
-// The fused small dispatch's scatter: warp gw stores units q = gw, gw + gstride, ... (unit q = piece
-// q / K % npc of token q / K / npc into the row of entry (t, k = q % K); row_of(i), warp-uniform
-// in i, returns -1 for none), its next unit's load in flight while the current one is stored. pre
-// holds the warp's first unit, loaded by the caller before its ranking.
-// With write_map, the unit of piece 0 also writes the entry's recv_map row (lane 0).
+// The fused small dispatch's units: unit q is piece q / K % npc (U 16-byte chunks per lane) of token
+// q / K / npc for entry k = q % K, m * npc * K of them. Unit q goes to warp q / gridDim.x of block
+// q % gridDim.x (this warp: gw, gw + gstride, ...), so that a decode call's few units land on as
+// many SMs as the grid has (one unit per block first), not on the first blocks' 16 warps each.
+template <int U>
+struct PieceUnits {
+  int K, npc, units, gw, gstride;
+  __device__ PieceUnits(const CommParams& p, int m)
+      : K(p.topk),
+        npc(local_pieces_per_row(p.payload_bytes, U)),
+        units(m * npc * K),
+        gw(static_cast<int>(threadIdx.x / kWarpSize * gridDim.x + blockIdx.x)),
+        gstride(static_cast<int>(gridDim.x) * kWarps) {}
+  __device__ int token(int q) const { return q / K / npc; }
+  __device__ int piece(int q) const { return q / K % npc; }
+  __device__ void load(const CommParams& p, const DispatchIO& io, int q, int4 (&v)[U], float (&sc)[kScaleRegs]) const {
+    load_piece<U>(p, io, token(q), piece(q), threadIdx.x % kWarpSize, v, sc);
+  }
+};
+
+// The fused small dispatch's scatter: this warp stores its units (row_of(i), warp-uniform in i,
+// returns the row of entry i or -1 for none), its next unit's load in flight while the current one
+// is stored. pre holds the warp's first unit, loaded by the caller before its ranking. With
+// write_map, the unit of piece 0 also writes the entry's recv_map row (lane 0).
 template <int U, typename RowOf>
-__device__ __forceinline__ void scatter_units(const CommParams& p, const DispatchIO& io, int gw, int gstride,
-                                              int units, int npc, int4 (&pre)[U], float (&pre_sc)[kScaleRegs],
-                                              RowOf row_of, bool write_map = false) {
+__device__ __forceinline__ void scatter_units(const CommParams& p, const DispatchIO& io, const PieceUnits<U>& u,
+                                              int4 (&pre)[U], float (&pre_sc)[kScaleRegs], RowOf row_of,
+                                              bool write_map = false) {
   const int K = p.topk, ns = p.num_scales, lane = threadIdx.x % kWarpSize;
-  for (int q = gw; q < units; q += gstride) {
+  for (int q = u.gw; q < u.units; q += u.gstride) {
     int4 nxt[U];
     float nxt_sc[kScaleRegs];
-    const int qn = q + gstride;
-    if (qn < units) load_piece<U>(p, io, qn / K / npc, qn / K % npc, lane, nxt, nxt_sc);
-    const int t = q / K / npc, pc = q / K % npc, k = q % K;
+    const int qn = q + u.gstride;
+    if (qn < u.units) u.load(p, io, qn, nxt, nxt_sc);
+    const int t = u.token(q), pc = u.piece(q), k = q % K;
     const int row = row_of(t * K + k);
     if (write_map && pc == 0 && lane == 0) write_map_entry(p, io, t, k, row);
     if (row >= 0) store_row_piece(p, io, pre, pre_sc, ns ? io.x_scale + static_cast<size_t>(t) * ns : nullptr, row, pc, lane);
-    if (qn < units) {
+    if (qn < u.units) {
       take(pre, nxt);
       take(pre_sc, nxt_sc);
     }
@@ -271,19 +290,17 @@ __device__ __forceinline__ int local_send_start(const CommParams& p, const Dispa
 // expert earlier in entry order; packed, the expert's first row is the sum of the aligned counts of
 // the experts below it. Block 0 writes the counts after its stores.
 template <int U>
-__device__ void local_dispatch_tiny(const CommParams& p, const DispatchIO& io, int* smem, int m) {
+__device__ void local_dispatch_tiny(const CommParams& p, const DispatchIO& io, int* smem, int m,
+                                    const PieceUnits<U>& u) {
   const int E = p.num_experts, K = p.topk, n = m * K;
-  const int npc = local_pieces_per_row(p.payload_bytes, U);
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
-  const int units = m * npc * K;
-  const int gw = warp * gridDim.x + blockIdx.x, gstride = gridDim.x * kWarps;
   // Lane i holds entry i's expert (block 0's warp 0 reports bad indices, once).
   const int e = lane < n ? read_expert(p, io.topk_idx, io.idx_type, lane, kPhaseDispatchSend, lane / K, 0,
                                        blockIdx.x == 0 && warp == 0)
                          : -1;
   int4 pre[U] = {};
   float pre_sc[kScaleRegs] = {};
-  if (gw < units) load_piece<U>(p, io, gw / K / npc, gw / K % npc, lane, pre, pre_sc);
+  if (u.gw < u.units) u.load(p, io, u.gw, pre, pre_sc);
   const unsigned peers = __match_any_sync(0xffffffffu, e);
   const unsigned below = peers & ((1u << lane) - 1u);
   const int rk = __popc(below);
@@ -305,7 +322,7 @@ __device__ void local_dispatch_tiny(const CommParams& p, const DispatchIO& io, i
   EPKIT_STAGE(p, kStHistogramDone);
   if (blockIdx.x == 0 && warp == 0 && lane < n) write_map_entry(p, io, lane / K, lane % K, row);  // lane i: entry i
   EPKIT_STAGE(p, kStOffsetsDone);
-  scatter_units<U>(p, io, gw, gstride, units, npc, pre, pre_sc,
+  scatter_units<U>(p, io, u, pre, pre_sc,
                    [&](int i) { return __shfl_sync(0xffffffffu, row, i); });  // every lane: q is warp-uniform
   if (blockIdx.x != 0) return;
   // The counts (and, packed, the offsets) from warp 0's groups, as local_counts_out writes them.
@@ -323,33 +340,27 @@ __device__ void local_dispatch_tiny(const CommParams& p, const DispatchIO& io, i
 // entries read_expert maps to e (every other value, -1 and out-of-range ones included, differs).
 // Each warp of a block reads the same few KB of indices, so after the first they come from L1.
 constexpr int kScanBatch = 8;
-__device__ __forceinline__ int scan_rank(const DispatchIO& io, int i, int e, int lane) {
+// This lane's count of the words ix[j] == key, j < i, j = lane (mod 32). W: the index word type
+// (long long for int64 indices; unsigned for int32 and uint32, compared as the 32-bit pattern).
+template <typename W>
+__device__ __forceinline__ int lane_matches_below(const W* ix, int i, W key, int lane) {
   int mine = 0;
-  if (io.idx_type == kIdxInt64) {
-    const long long* ix = static_cast<const long long*>(io.topk_idx);
-    for (int j0 = 0; j0 < i; j0 += kScanBatch * kWarpSize) {
-      long long v[kScanBatch];
+  for (int j0 = 0; j0 < i; j0 += kScanBatch * kWarpSize) {
+    W v[kScanBatch];
 #pragma unroll
-      for (int b = 0; b < kScanBatch; ++b) {
-        const int j = j0 + b * kWarpSize + lane;
-        v[b] = j < i ? __ldg(ix + j) : -1;
-      }
-#pragma unroll
-      for (int b = 0; b < kScanBatch; ++b) mine += v[b] == e;
+    for (int b = 0; b < kScanBatch; ++b) {
+      const int j = j0 + b * kWarpSize + lane;
+      v[b] = j < i ? __ldg(ix + j) : static_cast<W>(-1);  // -1 / 0xffffffff: never a valid expert
     }
-  } else {  // kIdxInt32 and kIdxUInt32: the 32-bit pattern of e
-    const unsigned* ix = static_cast<const unsigned*>(io.topk_idx);
-    for (int j0 = 0; j0 < i; j0 += kScanBatch * kWarpSize) {
-      unsigned v[kScanBatch];
 #pragma unroll
-      for (int b = 0; b < kScanBatch; ++b) {
-        const int j = j0 + b * kWarpSize + lane;
-        v[b] = j < i ? __ldg(ix + j) : 0xffffffffu;
-      }
-#pragma unroll
-      for (int b = 0; b < kScanBatch; ++b) mine += v[b] == static_cast<unsigned>(e);
-    }
+    for (int b = 0; b < kScanBatch; ++b) mine += v[b] == key;
   }
+  return mine;
+}
+__device__ __forceinline__ int scan_rank(const DispatchIO& io, int i, int e, int lane) {
+  const int mine = io.idx_type == kIdxInt64
+                       ? lane_matches_below(static_cast<const long long*>(io.topk_idx), i, static_cast<long long>(e), lane)
+                       : lane_matches_below(static_cast<const unsigned*>(io.topk_idx), i, static_cast<unsigned>(e), lane);
   return __reduce_add_sync(0xffffffffu, mine);
 }
 
@@ -362,16 +373,14 @@ __device__ __forceinline__ int scan_rank(const DispatchIO& io, int i, int e, int
 // the counts below it); masked, in the last block after its stores. The writer block also reports
 // bad indices.
 template <int U>
-__device__ void local_dispatch_scan(const CommParams& p, const DispatchIO& io, int* smem, int m) {
+__device__ void local_dispatch_scan(const CommParams& p, const DispatchIO& io, int* smem, int m,
+                                    const PieceUnits<U>& u) {
   const int E = p.num_experts, K = p.topk, n = m * K;
-  const int npc = local_pieces_per_row(p.payload_bytes, U);
-  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
-  const int units = m * npc * K;
-  const int gw = warp * gridDim.x + blockIdx.x, gstride = gridDim.x * kWarps;
+  const int lane = threadIdx.x % kWarpSize;
   const CountSmem cs = carve_counts(smem, E);
   int4 pre[U] = {};
   float pre_sc[kScaleRegs] = {};
-  if (gw < units) load_piece<U>(p, io, gw / K / npc, gw / K % npc, lane, pre, pre_sc);
+  if (u.gw < u.units) u.load(p, io, u.gw, pre, pre_sc);
   // The block that writes the counts and reports bad indices: packed, block 0 (every block counts);
   // masked, the last block, which has the fewest units (q % gridDim.x), after its stores (measured:
   // 128 tokens 18.2 -> 17.8 us against block 0).
@@ -391,7 +400,7 @@ __device__ void local_dispatch_scan(const CommParams& p, const DispatchIO& io, i
   EPKIT_STAGE(p, kStHistogramDone);
   bool first_row = true;
   scatter_units<U>(
-      p, io, gw, gstride, units, npc, pre, pre_sc,
+      p, io, u, pre, pre_sc,
       [&](int i) {
         const int e = read_expert(p, io.topk_idx, io.idx_type, i, kPhaseDispatchSend, i / K, 0, false);
         const int row = e >= 0 ? expert_row(p, e, scan_rank(io, i, e, lane), cs.first) : -1;
@@ -421,17 +430,15 @@ __device__ void local_dispatch_scan(const CommParams& p, const DispatchIO& io, i
 template <int U>
 __device__ void local_dispatch_small(const CommParams& p, const DispatchIO& io, int* smem, bool fused) {
   const int E = p.num_experts, K = p.topk, nsd = p.dispatch_slices;
-  const int npc = local_pieces_per_row(p.payload_bytes, U);
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
   const SmallSmem sm = carve_small(smem, E, p.max_tokens * K);
   const int m = local_send_start(p, io);
   const int n = m * K;
-  if (fused && n <= kWarpSize) return local_dispatch_tiny<U>(p, io, smem, m);
-  const int units = fused ? m * npc * K : m * nsd;  // (t, piece, k) fused, (t, slice) split
-  if (fused && local_scan_ranks(n, units, gridDim.x * kWarps)) return local_dispatch_scan<U>(p, io, smem, m);
-  // Unit q goes to warp q / gridDim.x of block q % gridDim.x: a decode call's few units land on as
-  // many SMs as the grid has (one unit per block first), not on the first blocks' 16 warps each.
-  const int gw = warp * gridDim.x + blockIdx.x, gstride = gridDim.x * kWarps;
+  const PieceUnits<U> pu(p, m);  // fused; the split half's units (t, slice) take the same warps
+  if (fused && n <= kWarpSize) return local_dispatch_tiny<U>(p, io, smem, m, pu);
+  if (fused && local_scan_ranks(n, pu.units, pu.gstride)) return local_dispatch_scan<U>(p, io, smem, m, pu);
+  const int units = fused ? pu.units : m * nsd;
+  const int gw = pu.gw, gstride = pu.gstride;
 
   // 1. Ranks within each ranking warp's range. Each ranking warp clears its own counters while its
   // first indices load, so that no block-wide step comes before the ranking.
@@ -457,7 +464,7 @@ __device__ void local_dispatch_small(const CommParams& p, const DispatchIO& io, 
   float pre_sc[kScaleRegs] = {};
   if (gw < units) {
     if (fused) {
-      load_piece<U>(p, io, gw / K / npc, gw / K % npc, lane, pre, pre_sc);
+      pu.load(p, io, gw, pre, pre_sc);
     } else {
       load_slice(p, io, gw / nsd, gw % nsd, lane, pre_split, pre_sc);
     }
@@ -544,7 +551,7 @@ __device__ void local_dispatch_small(const CommParams& p, const DispatchIO& io, 
   // recv_map and the weights: one thread per entry; then one warp per (t, piece, k).
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
     write_map_entry(p, io, i / K, i % K, row_of(i));
-  scatter_units<U>(p, io, gw, gstride, units, npc, pre, pre_sc, row_of);
+  scatter_units<U>(p, io, pu, pre, pre_sc, row_of);
 }
 
 // Large objects (M >= kLocalLargeTokens): dispatch and dispatch_send. Each block counts and ranks
