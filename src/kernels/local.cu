@@ -23,6 +23,12 @@
 // Combine (fused): one warp per (token, 256 * kChunks elements) sums w[t,k] * expert_y[row(t,k)] over
 // k in fp32 and stores the output once. combine_send stores that sum (in the output dtype, so the
 // value is the same) into the staging rows; combine_recv copies them to out.
+//
+// Fused decode calls whose m is given on the host run one-path kernels (local_dispatch_path_kernel,
+// local_combine_wave_kernel): the path the general kernel would take, and only its instructions.
+// Code a call does not execute still costs it: a kernel's instructions come into each SM's
+// instruction caches as it runs, and the general kernels' other paths sit between and around the
+// decode path's (measured: -0.5 us per dispatch + combine pair at 1 to 32 tokens).
 #include <cuda_runtime.h>
 
 #include "kernels/device_common.cuh"
@@ -37,6 +43,11 @@ constexpr int kHistUnroll = 4;    // topk loads in flight per lane in the histog
 constexpr int kUnroll = 4;        // 16-byte chunks per lane per dispatch slice (kSliceBytes)
 constexpr int kSliceChunks = kWarpSize * kUnroll;
 constexpr int kScaleRegs = 4;     // scales per lane held in registers (128 per token, H <= 16384)
+// A/B switch (scripts/bench-ab.sh prepare-lib, EPKIT_AB_FLAGS=-DEPKIT_LOCAL_SPECIALIZE=0): the host
+// launches the one-path kernels below for fused decode calls of known m.
+#ifndef EPKIT_LOCAL_SPECIALIZE
+#define EPKIT_LOCAL_SPECIALIZE 1
+#endif
 constexpr int kRowBatch = 8;      // small combine: expert rows whose loads a warp keeps in flight together
 // Large combine: rows whose four 512-byte pieces (a unit's 1024 elements) a warp loads together.
 // Two rows of four pieces measured faster at 4096 tokens than eight rows of one piece (V3 combine
@@ -756,6 +767,25 @@ __global__ void __launch_bounds__(kThreads, 1)
   EPKIT_STAGE(p, kStDispatchDone);
 }
 
+// Fused small dispatches of a host-given m, one path per kernel (the host picks it as
+// local_dispatch_small would on the device): the one-warp ranking (kTiny, m * K <= 32) or the
+// per-warp scans. The kernel then holds only that path's instructions, not the block ranking, the
+// split halves and the other path as well.
+template <int U, bool kTiny>
+__global__ void __launch_bounds__(kThreads, 1)
+    local_dispatch_path_kernel(const __grid_constant__ CommParams p, const __grid_constant__ DispatchIO io) {
+  extern __shared__ int smem[];
+  wait_previous_kernel();
+  const int m = local_send_start(p, io);
+  const PieceUnits<U> pu(p, m);
+  if constexpr (kTiny) {
+    local_dispatch_tiny<U>(p, io, smem, m, pu);
+  } else {
+    local_dispatch_scan<U>(p, io, smem, m, pu);
+  }
+  EPKIT_STAGE(p, kStDispatchDone);
+}
+
 // acc[qq] += sum over k < K of w_k * y[row_k][8 c[qq] .. 8 c[qq] + 7] (lane k holds row_k, -1: none,
 // and w_k): kB rows at a time, the loads of all their kN chunks issued before any is used.
 template <int kB, int kN, typename Tin>
@@ -789,7 +819,7 @@ __device__ __forceinline__ void sum_rows(const Tin* y, int H, int K, int row, fl
 }
 
 // Combine: one warp per (token, kChunks x 256 elements), out (or the staging row) = sum_k w * y.
-template <typename Tin, typename Tout, int kChunks>
+template <typename Tin, typename Tout, int kChunks, bool kOneWave = false>
 __device__ void local_combine_sum(const CommParams& p, const CombineIO& io, int m, Tout* out) {
   const int K = p.topk, H = p.hidden, chunks = H / 8;
   const int per_unit = kWarpSize * kChunks, units = (chunks + per_unit - 1) / per_unit;
@@ -806,7 +836,7 @@ __device__ void local_combine_sum(const CommParams& p, const CombineIO& io, int 
   // consecutive units of one token, one after the other, so that it loads the token's map row once
   // instead of once per wave (each map load is a round trip before any row can be read).
   const int nwarps = gridDim.x * kWarps;
-  const int g = kChunks == 1 && m * units > nwarps ? min(units, (m * units + nwarps - 1) / nwarps) : 1;
+  const int g = !kOneWave && kChunks == 1 && m * units > nwarps ? min(units, (m * units + nwarps - 1) / nwarps) : 1;
   const int groups = (units + g - 1) / g;
   for (int q = q0; q < m * groups; q += nwarps) {
     const int t = q / groups, cu0 = q % groups * g;
@@ -877,9 +907,30 @@ __global__ void __launch_bounds__(kThreads, 1)
   EPKIT_STAGE(p, kStTokensSummed);
 }
 
+// Fused small combines of a host-given m whose units fit one wave of the grid (one unit per warp):
+// the kernel holds only that loop (see local_dispatch_path_kernel).
+template <typename Tin, typename Tout>
+__global__ void __launch_bounds__(kThreads, 1)
+    local_combine_wave_kernel(const __grid_constant__ CommParams p, const __grid_constant__ CombineIO io) {
+  wait_previous_kernel();
+  EPKIT_STAGE(p, kStCombineStart);
+  local_combine_sum<Tin, Tout, 1, true>(p, io, io.m.host_m, static_cast<Tout*>(io.out));
+  EPKIT_STAGE(p, kStPartialsSent);
+  EPKIT_STAGE(p, kStTokensSummed);
+}
+
 template <typename Tin, typename Tout>
 cudaError_t launch_local_typed(const CommParams& p, const CombineIO& io, bool s, bool r, const LaunchShape& sh,
                                cudaStream_t st) {
+#if EPKIT_LOCAL_SPECIALIZE
+  // Two-byte inputs only: the fp32 one spills (16 bytes) where the general kernel spills 4.
+  if constexpr (sizeof(Tin) == 2) {
+    const int64_t units = (p.hidden / 8 + kWarpSize - 1) / kWarpSize;  // local_combine_sum's, per token
+    if (!local_large(p) && s && r && io.m.dev_m == nullptr &&
+        static_cast<int64_t>(io.m.host_m) * units <= static_cast<int64_t>(sh.blocks) * kWarps)
+      return launch_after_previous(local_combine_wave_kernel<Tin, Tout>, sh, st, p, io);
+  }
+#endif
   auto kernel = local_large(p) ? local_combine_kernel<Tin, Tout, true> : local_combine_kernel<Tin, Tout, false>;
   return launch_after_previous(kernel, sh, st, p, io, s, r);
 }
@@ -899,6 +950,26 @@ cudaError_t launch_local_out(const CommParams& p, const CombineIO& io, DType in,
 
 cudaError_t launch_local_dispatch(const CommParams& p, const DispatchIO& io, bool do_send, bool do_recv,
                                   const LaunchShape& shape, cudaStream_t stream) {
+#if EPKIT_LOCAL_SPECIALIZE
+  if (!local_large(p) && do_send && do_recv && io.m.dev_m == nullptr) {
+    const bool small_piece = p.local_piece_chunks == kLocalSmallPieceChunks;
+    const int n = io.m.host_m * p.topk;
+    const int units = n * local_pieces_per_row(p.payload_bytes, p.local_piece_chunks);
+    const bool tiny = n <= kWarpSize;
+    if (tiny || local_scan_ranks(n, units, shape.blocks * kWarps)) {
+      auto kernel = tiny ? (small_piece ? local_dispatch_path_kernel<kLocalSmallPieceChunks, true>
+                                        : local_dispatch_path_kernel<kLocalLargePieceChunks, true>)
+                         : (small_piece ? local_dispatch_path_kernel<kLocalSmallPieceChunks, false>
+                                        : local_dispatch_path_kernel<kLocalLargePieceChunks, false>);
+      if (shape.smem_bytes > 48 * 1024) {
+        cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             static_cast<int>(shape.smem_bytes));
+        if (e != cudaSuccess) return e;
+      }
+      return launch_after_previous(kernel, shape, stream, p, io);
+    }
+  }
+#endif
   auto kernel = local_large(p)                                    ? local_dispatch_kernel<true, kLocalLargePieceChunks>
                 : p.local_piece_chunks == kLocalSmallPieceChunks ? local_dispatch_kernel<false, kLocalSmallPieceChunks>
                                                             : local_dispatch_kernel<false, kLocalLargePieceChunks>;

@@ -153,6 +153,46 @@ TEST(AllToAll, SweepAgainstReference) {
   if (comm().rank() == 0) std::printf("SweepAgainstReference: %d cases passed\n", cases);
 }
 
+// Small grids (AllToAllConfig::num_sms): at W = 1 each warp then takes several of a decode call's
+// units (the small dispatch's scan and block-ranking paths with many units per warp, the small
+// combine's groups of units per token), fused and split, with every combine input dtype; at W = 2 the
+// general kernels on one to three blocks.
+TEST(AllToAll, SmallGridsTakeUnitsInRounds) {
+  if (comm().world_size() > 2) GTEST_SKIP() << "the W = 1 paths; W = 2 for the general kernels' small grids";
+  const Shape shapes[] = {{7168, 8, 256}, {2048, 6, 64}};
+  const Routing routings[] = {Routing::kUniform, Routing::kOneExpert, Routing::kMasked};
+  const int ms[] = {1, 7, kM};
+  cudaStream_t st;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), cudaSuccess);
+  int variant = 0, cases = 0;
+  for (int sms : {1, 3})
+    for (const Shape& s : shapes)
+      for (int v = 0; v < 3; ++v) {  // the combine input dtype (make_config: bf16, fp32, fp16)
+        ++variant;
+        AllToAllConfig cfg = make_config(s.hidden, s.topk, s.experts, variant % 2 ? DType::kFP8E4M3 : DType::kBF16,
+                                         v + 3 * (variant % 2));
+        cfg.num_sms = sms;
+        AllToAll a2a(comm(), cfg);
+        RankBuffers b;
+        b.allocate(cfg, idx_type(variant));
+        int layer = 0;
+        for (Routing r : routings)
+          for (int m : ms) {
+            ++layer;
+            const bool split = layer % 3 == 0;
+            const std::string problem =
+                checked_layer(a2a, cfg, b, r, m, case_seed(70000 + variant * 100 + layer), st, [&] {
+                  run_layer(a2a, cfg, b, m, layer % 2 == 0, split, st);
+                  return std::string();
+                });
+            AGREE_OR_FAIL(problem, describe(cfg, r, m) + " num_sms=" + std::to_string(sms));
+            ++cases;
+          }
+      }
+  cudaStreamDestroy(st);
+  if (comm().rank() == 0) std::printf("SmallGridsTakeUnitsInRounds: %d cases passed\n", cases);
+}
+
 TEST(AllToAll, SplitPhasesWithForeignKernels) {
   const AllToAllConfig cfg = make_config(2048, 6, 64, DType::kFP8E4M3, 1);
   AllToAll a2a(comm(), cfg);
