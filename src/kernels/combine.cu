@@ -392,11 +392,6 @@ template <typename Tin, typename Tout>
 cudaError_t launch_typed(const CommParams& p, const CombineIO& io, bool s, bool r, const LaunchShape& sh,
                          cudaStream_t st) {
   auto kernel = large_capable(p) ? combine_kernel<Tin, Tout, true> : combine_kernel<Tin, Tout, false>;
-  if (sh.smem_bytes > 48 * 1024) {
-    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(sh.smem_bytes));
-    if (e != cudaSuccess) return e;
-  }
   return launch_after_previous(kernel, sh, st, p, io, s, r);
 }
 

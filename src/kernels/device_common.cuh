@@ -73,10 +73,16 @@ __device__ __forceinline__ void wait_previous_kernel() {
 
 // kernel<<<shape.blocks, kThreads, shape.smem_bytes, stream>>>(args...), allowed to be scheduled
 // before the previous kernel in the stream ends (programmatic stream serialization); the kernel
-// must start with wait_previous_kernel(). Capturable: graphs keep it as a programmatic edge.
+// must start with wait_previous_kernel(). Capturable: graphs keep it as a programmatic edge. More
+// than 48 KB of dynamic shared memory is opted into here, for every kernel.
 template <typename... Params, typename... Args>
 cudaError_t launch_after_previous(void (*kernel)(Params...), const LaunchShape& shape, cudaStream_t stream,
                                   Args&&... args) {
+  if (shape.smem_bytes > 48 * 1024) {
+    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               static_cast<int>(shape.smem_bytes));
+    if (e != cudaSuccess) return e;
+  }
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(shape.blocks);
   cfg.blockDim = dim3(kThreads);

@@ -542,11 +542,6 @@ int dispatch_units(int world_size, int max_msgs_per_src, int slices) {
 cudaError_t launch_dispatch(const CommParams& p, const DispatchIO& io, bool do_send, bool do_recv,
                             const LaunchShape& shape, cudaStream_t stream) {
   auto kernel = large_capable(p) ? dispatch_kernel<true> : dispatch_kernel<false>;
-  if (shape.smem_bytes > 48 * 1024) {
-    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(shape.smem_bytes));
-    if (e != cudaSuccess) return e;
-  }
   return launch_after_previous(kernel, shape, stream, p, io, do_send, do_recv);
 }
 

@@ -961,11 +961,6 @@ cudaError_t launch_local_dispatch(const CommParams& p, const DispatchIO& io, boo
                                         : local_dispatch_path_kernel<kLocalLargePieceChunks, true>)
                          : (small_piece ? local_dispatch_path_kernel<kLocalSmallPieceChunks, false>
                                         : local_dispatch_path_kernel<kLocalLargePieceChunks, false>);
-      if (shape.smem_bytes > 48 * 1024) {
-        cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             static_cast<int>(shape.smem_bytes));
-        if (e != cudaSuccess) return e;
-      }
       return launch_after_previous(kernel, shape, stream, p, io);
     }
   }
@@ -973,11 +968,6 @@ cudaError_t launch_local_dispatch(const CommParams& p, const DispatchIO& io, boo
   auto kernel = local_large(p)                                    ? local_dispatch_kernel<true, kLocalLargePieceChunks>
                 : p.local_piece_chunks == kLocalSmallPieceChunks ? local_dispatch_kernel<false, kLocalSmallPieceChunks>
                                                             : local_dispatch_kernel<false, kLocalLargePieceChunks>;
-  if (shape.smem_bytes > 48 * 1024) {
-    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(shape.smem_bytes));
-    if (e != cudaSuccess) return e;
-  }
   return launch_after_previous(kernel, shape, stream, p, io, do_send, do_recv);
 }
 
