@@ -51,8 +51,7 @@ LocalShapes local_shapes(int max_tokens, int topk, int num_experts, int payload_
                           kernels::local_pieces_per_row(payload_bytes, s.piece_chunks);
     s.dispatch.blocks = spread_blocks(units, max_blocks);
   }
-  const int per_unit = 32 * (large ? 4 : 1);  // 16-byte chunks of 8 elements per warp unit
-  const int64_t combine_units = static_cast<int64_t>(max_tokens) * ((hidden / 8 + per_unit - 1) / per_unit);
+  const int64_t combine_units = static_cast<int64_t>(max_tokens) * kernels::local_combine_units(hidden, large ? 4 : 1);
   s.combine.blocks = large ? blocks_for(combine_units, max_blocks) : spread_blocks(combine_units, max_blocks);
   s.combine.smem_bytes = 0;
   return s;

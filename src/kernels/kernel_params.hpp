@@ -172,6 +172,19 @@ inline constexpr int64_t kLocalScanWork = EPKIT_LOCAL_SCAN_WORK;
 constexpr bool local_scan_ranks(int n, int units, int warps) {
   return n > 32 && static_cast<int64_t>(n) * ((units + warps - 1) / warps) <= kLocalScanWork;
 }
+// The path of a fused small dispatch (local.cu): one warp ranks all n <= 32 entries (kTiny), each
+// warp ranks its own entries (kScan, local_scan_ranks), or every block ranks all of them (kRank).
+// The kernel applies it on the device; the host applies it to pick a one-path kernel for a call
+// of known m.
+enum class LocalSmallPath { kTiny, kScan, kRank };
+constexpr LocalSmallPath local_small_path(int n, int units, int warps) {
+  return n <= 32 ? LocalSmallPath::kTiny : local_scan_ranks(n, units, warps) ? LocalSmallPath::kScan : LocalSmallPath::kRank;
+}
+// Combine units per token (a warp's 16-byte chunks of 8 elements, chunks_per_lane per lane: 256 or
+// 1024 elements), for the kernel and the host's launch shapes.
+constexpr int local_combine_units(int hidden, int chunks_per_lane) {
+  return (hidden / 8 + 32 * chunks_per_lane - 1) / (32 * chunks_per_lane);
+}
 inline constexpr int kLocalRankCounters = 8192;
 inline constexpr int kLocalSmallPieceChunks = 1, kLocalLargePieceChunks = 4;
 constexpr int local_rank_warps(int num_experts) {

@@ -446,8 +446,9 @@ __device__ void local_dispatch_small(const CommParams& p, const DispatchIO& io, 
   const int m = local_send_start(p, io);
   const int n = m * K;
   const PieceUnits<U> pu(p, m);  // fused; the split half's units (t, slice) take the same warps
-  if (fused && n <= kWarpSize) return local_dispatch_tiny<U>(p, io, smem, m, pu);
-  if (fused && local_scan_ranks(n, pu.units, pu.gstride)) return local_dispatch_scan<U>(p, io, smem, m, pu);
+  const LocalSmallPath path = fused ? local_small_path(n, pu.units, pu.gstride) : LocalSmallPath::kRank;
+  if (path == LocalSmallPath::kTiny) return local_dispatch_tiny<U>(p, io, smem, m, pu);
+  if (path == LocalSmallPath::kScan) return local_dispatch_scan<U>(p, io, smem, m, pu);
   const int units = fused ? pu.units : m * nsd;
   const int gw = pu.gw, gstride = pu.gstride;
 
@@ -822,7 +823,7 @@ __device__ __forceinline__ void sum_rows(const Tin* y, int H, int K, int row, fl
 template <typename Tin, typename Tout, int kChunks, bool kOneWave = false>
 __device__ void local_combine_sum(const CommParams& p, const CombineIO& io, int m, Tout* out) {
   const int K = p.topk, H = p.hidden, chunks = H / 8;
-  const int per_unit = kWarpSize * kChunks, units = (chunks + per_unit - 1) / per_unit;
+  const int per_unit = kWarpSize * kChunks, units = local_combine_units(H, kChunks);
   const int lane = threadIdx.x % kWarpSize;
   const int rows = local_rows(p);
   const Tin* y = static_cast<const Tin*>(io.expert_y);
@@ -925,7 +926,7 @@ cudaError_t launch_local_typed(const CommParams& p, const CombineIO& io, bool s,
 #if EPKIT_LOCAL_SPECIALIZE
   // Two-byte inputs only: the fp32 one spills (16 bytes) where the general kernel spills 4.
   if constexpr (sizeof(Tin) == 2) {
-    const int64_t units = (p.hidden / 8 + kWarpSize - 1) / kWarpSize;  // local_combine_sum's, per token
+    const int64_t units = local_combine_units(p.hidden, 1);  // per token
     if (!local_large(p) && s && r && io.m.dev_m == nullptr &&
         static_cast<int64_t>(io.m.host_m) * units <= static_cast<int64_t>(sh.blocks) * kWarps)
       return launch_after_previous(local_combine_wave_kernel<Tin, Tout>, sh, st, p, io);
@@ -955,8 +956,9 @@ cudaError_t launch_local_dispatch(const CommParams& p, const DispatchIO& io, boo
     const bool small_piece = p.local_piece_chunks == kLocalSmallPieceChunks;
     const int n = io.m.host_m * p.topk;
     const int units = n * local_pieces_per_row(p.payload_bytes, p.local_piece_chunks);
-    const bool tiny = n <= kWarpSize;
-    if (tiny || local_scan_ranks(n, units, shape.blocks * kWarps)) {
+    const LocalSmallPath path = local_small_path(n, units, shape.blocks * kWarps);
+    if (path != LocalSmallPath::kRank) {
+      const bool tiny = path == LocalSmallPath::kTiny;
       auto kernel = tiny ? (small_piece ? local_dispatch_path_kernel<kLocalSmallPieceChunks, true>
                                         : local_dispatch_path_kernel<kLocalLargePieceChunks, true>)
                          : (small_piece ? local_dispatch_path_kernel<kLocalSmallPieceChunks, false>

@@ -88,6 +88,27 @@ TEST(LocalShape, ScanRankingWhileScansStayShort) {
   EXPECT_TRUE(scans(256, 6, 64, v2, 2048));   // V2-Lite: 1536 x 1
   EXPECT_TRUE(scans(384, 6, 64, v2, 2048));   // 2304 x 2
   EXPECT_FALSE(scans(511, 6, 64, v2, 2048));  // 3066 x 2
+  // The path the kernel (and the host, for a call of known m) takes.
+  auto path = [](int m, int K, int E, int pb, int H) {
+    const LocalShapes s = local_shapes(m, K, E, pb, H, kH200Sms);
+    const int units = m * K * kernels::local_pieces_per_row(pb, s.piece_chunks);
+    return kernels::local_small_path(m * K, units, s.dispatch.blocks * kernels::kWarpsPerBlock);
+  };
+  using kernels::LocalSmallPath;
+  EXPECT_EQ(path(1, 8, 256, v3, 7168), LocalSmallPath::kTiny);
+  EXPECT_EQ(path(4, 8, 256, v3, 7168), LocalSmallPath::kTiny);   // 32 entries
+  EXPECT_EQ(path(5, 8, 256, v3, 7168), LocalSmallPath::kScan);
+  EXPECT_EQ(path(128, 8, 256, v3, 7168), LocalSmallPath::kScan);
+  EXPECT_EQ(path(256, 8, 256, v3, 7168), LocalSmallPath::kRank);
+  EXPECT_EQ(path(511, 6, 64, v2, 2048), LocalSmallPath::kRank);
+}
+
+TEST(LocalShape, CombineUnitsPerToken) {
+  EXPECT_EQ(kernels::local_combine_units(7168, 1), 28);  // 256 elements per unit
+  EXPECT_EQ(kernels::local_combine_units(7168, 4), 7);   // 1024
+  EXPECT_EQ(kernels::local_combine_units(2048, 1), 8);
+  EXPECT_EQ(kernels::local_combine_units(264, 1), 2);    // a partial last unit
+  EXPECT_EQ(kernels::local_combine_units(8, 4), 1);
 }
 
 TEST(LocalShape, BlocksForOneWarpPerUnit) {  // every kernel's grid (all_to_all.cu uses it too)
