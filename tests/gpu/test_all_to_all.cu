@@ -119,6 +119,27 @@ struct Shape {
   int hidden, topk, experts;
 };
 
+// One object's layers, one per (routing, m), each checked (checked_layer): device m on every
+// second layer, split halves on every third with split_some. Counts the layers into `cases`; a
+// failure stops the loop (FAIL), so a caller returns when HasFatalFailure().
+template <size_t NR, size_t NM>
+void check_layers(AllToAll& a2a, const AllToAllConfig& cfg, RankBuffers& b, const Routing (&routings)[NR],
+                  const int (&ms)[NM], uint64_t seed_base, bool split_some, const std::string& what, cudaStream_t st,
+                  int& cases) {
+  int layer = 0;
+  for (Routing r : routings)
+    for (int m : ms) {
+      ++layer;
+      const bool split = split_some && layer % 3 == 0;
+      const std::string problem = checked_layer(a2a, cfg, b, r, m, case_seed(seed_base + layer), st, [&] {
+        run_layer(a2a, cfg, b, m, layer % 2 == 0, split, st);
+        return std::string();
+      });
+      AGREE_OR_FAIL(problem, describe(cfg, r, m) + what);
+      ++cases;
+    }
+}
+
 TEST(AllToAll, SweepAgainstReference) {
   const Shape shapes[] = {{64, 1, 8}, {2048, 6, 64}, {7168, 8, 256}};
   const DType payloads[] = {DType::kBF16, DType::kFP8E4M3};
@@ -135,18 +156,8 @@ TEST(AllToAll, SweepAgainstReference) {
       AllToAll a2a(comm(), cfg);
       RankBuffers b;
       b.allocate(cfg, idx_type(variant));
-      int layer = 0;
-      for (Routing r : routings)
-        for (int m : ms) {
-          ++layer;
-          const std::string problem =
-              checked_layer(a2a, cfg, b, r, m, case_seed(variant * 1000 + layer), st, [&] {
-                run_layer(a2a, cfg, b, m, layer % 2 == 0, false, st);
-                return std::string();
-              });
-          AGREE_OR_FAIL(problem, describe(cfg, r, m));
-          ++cases;
-        }
+      check_layers(a2a, cfg, b, routings, ms, variant * 1000, false, "", st, cases);
+      if (HasFatalFailure()) return;
     }
   }
   cudaStreamDestroy(st);
@@ -175,19 +186,9 @@ TEST(AllToAll, SmallGridsTakeUnitsInRounds) {
         AllToAll a2a(comm(), cfg);
         RankBuffers b;
         b.allocate(cfg, idx_type(variant));
-        int layer = 0;
-        for (Routing r : routings)
-          for (int m : ms) {
-            ++layer;
-            const bool split = layer % 3 == 0;
-            const std::string problem =
-                checked_layer(a2a, cfg, b, r, m, case_seed(70000 + variant * 100 + layer), st, [&] {
-                  run_layer(a2a, cfg, b, m, layer % 2 == 0, split, st);
-                  return std::string();
-                });
-            AGREE_OR_FAIL(problem, describe(cfg, r, m) + " num_sms=" + std::to_string(sms));
-            ++cases;
-          }
+        check_layers(a2a, cfg, b, routings, ms, 70000 + variant * 100, true, " num_sms=" + std::to_string(sms), st,
+                     cases);
+        if (HasFatalFailure()) return;
       }
   cudaStreamDestroy(st);
   if (comm().rank() == 0) std::printf("SmallGridsTakeUnitsInRounds: %d cases passed\n", cases);
