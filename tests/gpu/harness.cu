@@ -184,7 +184,7 @@ void RankBuffers::allocate(const AllToAllConfig& cfg, DType idx) {
   idx_dtype = idx;
   x = DeviceBuffer(M * H * dtype_size(cfg.dispatch_dtype));
   x_scale = DeviceBuffer(M * ns * 4);
-  topk_idx = DeviceBuffer(M * K * dtype_size(idx));
+  topk_idx = DeviceBuffer((M * K + kMaxIdxOffset) * dtype_size(idx));
   weights = DeviceBuffer(M * K * 4);
   expert_x = DeviceBuffer(rows * H * dtype_size(cfg.dispatch_dtype));
   expert_x_scale = DeviceBuffer(rows * ns * 4);
@@ -200,7 +200,9 @@ void RankBuffers::upload(const AllToAllConfig& cfg, const GroupInputs& in, cudaS
   cuda_or_throw(cudaMemcpyAsync(x.ptr, in.x.data(), x.bytes, cudaMemcpyHostToDevice, st), "upload x");
   if (x_scale.bytes)
     cuda_or_throw(cudaMemcpyAsync(x_scale.ptr, in.x_scale.data(), x_scale.bytes, cudaMemcpyHostToDevice, st), "scale");
-  std::vector<uint8_t> idx(topk_idx.bytes);
+  EPKIT_CHECK(idx_offset >= 0 && idx_offset <= kMaxIdxOffset, "idx_offset ", idx_offset, " is not in [0, ", kMaxIdxOffset,
+              "]");
+  std::vector<uint8_t> idx(M * K * dtype_size(idx_dtype));
   for (size_t i = 0; i < M * K; ++i) {
     const int32_t v = in.topk_idx[i];
     if (idx_dtype == DType::kInt64) {
@@ -211,7 +213,7 @@ void RankBuffers::upload(const AllToAllConfig& cfg, const GroupInputs& in, cudaS
     }
   }
   // Host-side staging must outlive the async copy: copy synchronously with respect to the stream.
-  cuda_or_throw(cudaMemcpyAsync(topk_idx.ptr, idx.data(), idx.size(), cudaMemcpyHostToDevice, st), "idx");
+  cuda_or_throw(cudaMemcpyAsync(idx_ptr(), idx.data(), idx.size(), cudaMemcpyHostToDevice, st), "idx");
   cuda_or_throw(cudaMemcpyAsync(weights.ptr, in.weights.data(), weights.bytes, cudaMemcpyHostToDevice, st), "w");
   const int32_t m = in.m;
   cuda_or_throw(cudaMemcpyAsync(m_dev.ptr, &m, 4, cudaMemcpyHostToDevice, st), "m");
@@ -238,7 +240,7 @@ DispatchArgs RankBuffers::dispatch_args(const AllToAllConfig& cfg, int m, bool d
   DispatchArgs a;
   a.x = Tensor(x.ptr, cfg.dispatch_dtype, {M, H});
   if (ns) a.x_scale = Tensor(x_scale.ptr, DType::kFP32, {M, ns});
-  a.topk_idx = Tensor(topk_idx.ptr, idx_dtype, {M, K});
+  a.topk_idx = Tensor(idx_ptr(), idx_dtype, {M, K});
   if (device_m) a.num_tokens_device = m_dev.as<int32_t>(); else a.num_tokens = m;
   a.expert_x = expert_view(cfg, expert_x.ptr, cfg.dispatch_dtype, H);
   if (ns) a.expert_x_scale = expert_view(cfg, expert_x_scale.ptr, DType::kFP32, ns);
@@ -252,7 +254,7 @@ CombineArgs RankBuffers::combine_args(const AllToAllConfig& cfg, int m, bool dev
   const int64_t M = cfg.max_tokens_per_rank, H = cfg.hidden, K = cfg.experts_per_token;
   CombineArgs a;
   a.expert_y = expert_view(cfg, expert_y.ptr, cfg.combine_in_dtype, H);
-  a.topk_idx = Tensor(topk_idx.ptr, idx_dtype, {M, K});
+  a.topk_idx = Tensor(idx_ptr(), idx_dtype, {M, K});
   if (!cfg.weights_at_dispatch) a.topk_weights = Tensor(weights.ptr, DType::kFP32, {M, K});
   if (device_m) a.num_tokens_device = m_dev.as<int32_t>(); else a.num_tokens = m;
   a.out = Tensor(out.ptr, cfg.combine_out_dtype, {M, H});

@@ -80,6 +80,11 @@ struct RankBuffers {
   DeviceBuffer x, x_scale, topk_idx, weights, expert_x, expert_x_scale, expert_num_tokens, expert_offsets, expert_y,
       out, m_dev;
   DType idx_dtype = DType::kInt32;
+  // topk_idx starts this many elements into its buffer (0 .. kMaxIdxOffset): indices that are not
+  // 16-byte aligned, as a view into a larger tensor may be.
+  static constexpr int kMaxIdxOffset = 3;
+  int idx_offset = 0;
+  void* idx_ptr() const { return static_cast<uint8_t*>(topk_idx.ptr) + idx_offset * dtype_size(idx_dtype); }
   void allocate(const AllToAllConfig& cfg, DType idx_dtype);
   void upload(const AllToAllConfig& cfg, const GroupInputs& in, cudaStream_t st);  // also poisons outputs
   DispatchArgs dispatch_args(const AllToAllConfig& cfg, int m, bool device_m) const;

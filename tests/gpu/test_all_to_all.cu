@@ -194,6 +194,42 @@ TEST(AllToAll, SmallGridsTakeUnitsInRounds) {
   if (comm().rank() == 0) std::printf("SmallGridsTakeUnitsInRounds: %d cases passed\n", cases);
 }
 
+// Indices at any alignment, and long per-warp scans: topk_idx starts 0 to 3 elements into its buffer
+// (a view into a larger tensor need not be 16-byte aligned), for every index dtype, with objects of
+// up to 256 tokens, so that at W = 1 the scan path (local.cu, scan_rank) reads the indices from
+// every offset mod 16 bytes, over scans of up to 1536 entries (V2-Lite at 256 tokens), next to the
+// one-warp and block-ranking paths. At W = 2 the general kernels read the same.
+TEST(AllToAll, IndicesAtAnyAlignment) {
+  if (comm().world_size() > 2) GTEST_SKIP() << "the W = 1 scans; W = 2 for the general kernels";
+  const Shape shapes[] = {{2048, 6, 64}, {7168, 8, 256}};
+  const Routing routings[] = {Routing::kUniform, Routing::kOneExpert};
+  cudaStream_t st;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), cudaSuccess);
+  int variant = 0, cases = 0;
+  for (const Shape& s : shapes) {
+    const int M = s.hidden >= 4096 ? 128 : 256;  // V3: 1024 entries, V2-Lite: 1536
+    const int ms[] = {1, M / 2 + 3, M};
+    for (int it = 0; it < 3; ++it) {
+      ++variant;
+      const DType idx = idx_type(it);
+      AllToAllConfig cfg = make_config(s.hidden, s.topk, s.experts, DType::kFP8E4M3, variant);
+      cfg.max_tokens_per_rank = M;
+      AllToAll a2a(comm(), cfg);
+      RankBuffers b;
+      b.allocate(cfg, idx);
+      const int offsets = idx == DType::kInt64 ? 2 : RankBuffers::kMaxIdxOffset + 1;  // every offset mod 16 bytes
+      for (int off = 0; off < offsets; ++off) {
+        b.idx_offset = off;
+        check_layers(a2a, cfg, b, routings, ms, 90000 + variant * 100 + off * 10, false,
+                     " idx_offset=" + std::to_string(off), st, cases);
+        if (HasFatalFailure()) return;
+      }
+    }
+  }
+  cudaStreamDestroy(st);
+  if (comm().rank() == 0) std::printf("IndicesAtAnyAlignment: %d cases passed\n", cases);
+}
+
 TEST(AllToAll, SplitPhasesWithForeignKernels) {
   const AllToAllConfig cfg = make_config(2048, 6, 64, DType::kFP8E4M3, 1);
   AllToAll a2a(comm(), cfg);
