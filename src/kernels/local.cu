@@ -438,17 +438,22 @@ __device__ void local_dispatch_scan(const CommParams& p, const DispatchIO& io, i
 // call spreads its K rows over many warps and several SMs instead of one warp per slice storing all K;
 // each warp loads its next unit before it stores the current one. Split: one warp per (t, slice)
 // stages the message to self.
-template <int U>
-__device__ void local_dispatch_small(const CommParams& p, const DispatchIO& io, int* smem, bool fused) {
+// kRankOnly: a fused call known on the host to take the block ranking (local_dispatch_path_kernel):
+// the tiny and scan paths and the split half are compiled out.
+template <int U, bool kRankOnly = false>
+__device__ void local_dispatch_small(const CommParams& p, const DispatchIO& io, int* smem, bool fused_arg) {
+  const bool fused = kRankOnly || fused_arg;
   const int E = p.num_experts, K = p.topk, nsd = p.dispatch_slices;
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
   const SmallSmem sm = carve_small(smem, E, p.max_tokens * K);
   const int m = local_send_start(p, io);
   const int n = m * K;
   const PieceUnits<U> pu(p, m);  // fused; the split half's units (t, slice) take the same warps
-  const LocalSmallPath path = fused ? local_small_path(n, pu.units, pu.gstride) : LocalSmallPath::kRank;
-  if (path == LocalSmallPath::kTiny) return local_dispatch_tiny<U>(p, io, smem, m, pu);
-  if (path == LocalSmallPath::kScan) return local_dispatch_scan<U>(p, io, smem, m, pu);
+  if constexpr (!kRankOnly) {
+    const LocalSmallPath path = fused ? local_small_path(n, pu.units, pu.gstride) : LocalSmallPath::kRank;
+    if (path == LocalSmallPath::kTiny) return local_dispatch_tiny<U>(p, io, smem, m, pu);
+    if (path == LocalSmallPath::kScan) return local_dispatch_scan<U>(p, io, smem, m, pu);
+  }
   const int units = fused ? pu.units : m * nsd;
   const int gw = pu.gw, gstride = pu.gstride;
 
@@ -768,21 +773,25 @@ __global__ void __launch_bounds__(kThreads, 1)
   EPKIT_STAGE(p, kStDispatchDone);
 }
 
-// Fused small dispatches of a host-given m, one path per kernel (the host picks it as
-// local_dispatch_small would on the device): the one-warp ranking (kTiny, m * K <= 32) or the
-// per-warp scans. The kernel then holds only that path's instructions, not the block ranking, the
-// split halves and the other path as well.
-template <int U, bool kTiny>
+// Fused small dispatches of a host-given m, one path per kernel (the host picks it with
+// local_small_path, as local_dispatch_small does on the device): the one-warp ranking (kTiny,
+// m * K <= 32), the per-warp scans (kScan) or the block ranking (kRank). The kernel then holds only
+// that path's instructions, not the other paths and the split halves as well.
+template <int U, LocalSmallPath kPath>
 __global__ void __launch_bounds__(kThreads, 1)
     local_dispatch_path_kernel(const __grid_constant__ CommParams p, const __grid_constant__ DispatchIO io) {
   extern __shared__ int smem[];
   wait_previous_kernel();
-  const int m = local_send_start(p, io);
-  const PieceUnits<U> pu(p, m);
-  if constexpr (kTiny) {
-    local_dispatch_tiny<U>(p, io, smem, m, pu);
+  if constexpr (kPath == LocalSmallPath::kRank) {
+    local_dispatch_small<U, true>(p, io, smem, true);
   } else {
-    local_dispatch_scan<U>(p, io, smem, m, pu);
+    const int m = local_send_start(p, io);
+    const PieceUnits<U> pu(p, m);
+    if constexpr (kPath == LocalSmallPath::kTiny) {
+      local_dispatch_tiny<U>(p, io, smem, m, pu);
+    } else {
+      local_dispatch_scan<U>(p, io, smem, m, pu);
+    }
   }
   EPKIT_STAGE(p, kStDispatchDone);
 }
@@ -957,14 +966,16 @@ cudaError_t launch_local_dispatch(const CommParams& p, const DispatchIO& io, boo
     const int n = io.m.host_m * p.topk;
     const int units = n * local_pieces_per_row(p.payload_bytes, p.local_piece_chunks);
     const LocalSmallPath path = local_small_path(n, units, shape.blocks * kWarps);
-    if (path != LocalSmallPath::kRank) {
-      const bool tiny = path == LocalSmallPath::kTiny;
-      auto kernel = tiny ? (small_piece ? local_dispatch_path_kernel<kLocalSmallPieceChunks, true>
-                                        : local_dispatch_path_kernel<kLocalLargePieceChunks, true>)
-                         : (small_piece ? local_dispatch_path_kernel<kLocalSmallPieceChunks, false>
-                                        : local_dispatch_path_kernel<kLocalLargePieceChunks, false>);
-      return launch_after_previous(kernel, shape, stream, p, io);
-    }
+    using LP = LocalSmallPath;
+    auto pick = [path](auto tiny, auto scan, auto rank) {
+      return path == LP::kTiny ? tiny : path == LP::kScan ? scan : rank;
+    };
+    constexpr int kS = kLocalSmallPieceChunks, kL = kLocalLargePieceChunks;
+    auto kernel = small_piece ? pick(local_dispatch_path_kernel<kS, LP::kTiny>, local_dispatch_path_kernel<kS, LP::kScan>,
+                                     local_dispatch_path_kernel<kS, LP::kRank>)
+                              : pick(local_dispatch_path_kernel<kL, LP::kTiny>, local_dispatch_path_kernel<kL, LP::kScan>,
+                                     local_dispatch_path_kernel<kL, LP::kRank>);
+    return launch_after_previous(kernel, shape, stream, p, io);
   }
 #endif
   auto kernel = local_large(p)                                    ? local_dispatch_kernel<true, kLocalLargePieceChunks>
