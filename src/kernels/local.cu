@@ -346,25 +346,46 @@ __device__ void local_dispatch_tiny(const CommParams& p, const DispatchIO& io, i
 }
 
 // Rank of entry i (expert e >= 0; i and e warp-uniform) among the entries j < i of expert e, counted
-// by the whole warp: lane l compares entries l, l + 32, ..., kScanBatch of them loaded at a time, and
-// one reduction sums the lanes. The raw index words are compared with e, which matches exactly the
-// entries read_expert maps to e (every other value, -1 and out-of-range ones included, differs).
-// Each warp of a block reads the same few KB of indices, so after the first they come from L1.
-constexpr int kScanBatch = 8;
-// This lane's count of the words ix[j] == key, j < i, j = lane (mod 32). W: the index word type
-// (long long for int64 indices; unsigned for int32 and uint32, compared as the 32-bit pattern).
+// by the whole warp in 16-byte loads: lane l compares the index words of vectors l, l + 32, ...,
+// kScanVecs of them loaded at a time (one round for i <= 1024 int32 or 512 int64 entries), plus
+// the few words before the first 16-byte boundary and after the last whole vector below i (one
+// scalar load per lane, issued with the first round). One reduction sums the lanes. The raw index
+// words are compared with e, which matches exactly the entries read_expert maps to e (every other
+// value, -1 and out-of-range ones included, differs). Each warp of a block reads the same few KB of
+// indices, so after the first they come from L1.
+#ifndef EPKIT_LOCAL_SCAN_VECS  // A/B builds only (EPKIT_AB_FLAGS)
+#define EPKIT_LOCAL_SCAN_VECS 8
+#endif
+constexpr int kScanVecs = EPKIT_LOCAL_SCAN_VECS;
+// This lane's count of the words ix[j] == key, j < i. W: the index word type (long long for int64
+// indices; unsigned for int32 and uint32, compared as the 32-bit pattern); ix is W-aligned.
 template <typename W>
 __device__ __forceinline__ int lane_matches_below(const W* ix, int i, W key, int lane) {
-  int mine = 0;
-  for (int j0 = 0; j0 < i; j0 += kScanBatch * kWarpSize) {
-    W v[kScanBatch];
+  constexpr int kPer = 16 / static_cast<int>(sizeof(W));  // words per vector
+  // head: words before the first 16-byte boundary (< kPer); then nv whole vectors; then the tail.
+  const int mis = static_cast<int>(reinterpret_cast<uintptr_t>(ix) % 16) / static_cast<int>(sizeof(W));
+  const int head = min(i, (kPer - mis) % kPer);
+  const int nv = (i - head) / kPer;
+  const int tail0 = head + nv * kPer;  // the tail: words tail0 .. i - 1 (< kPer of them)
+  // Lanes 0 .. kPer - 1 take the head's words, lanes kPer .. 2 kPer - 1 the tail's.
+  const int js = lane < kPer ? lane : tail0 + lane - kPer;
+  const bool have = lane < kPer ? lane < head : lane < 2 * kPer && js < i;
+  int mine = have && __ldg(ix + js) == key;
+  const uint4* v4 = reinterpret_cast<const uint4*>(ix + head);
+  for (int v0 = 0; v0 < nv; v0 += kScanVecs * kWarpSize) {
+    uint4 v[kScanVecs];
 #pragma unroll
-    for (int b = 0; b < kScanBatch; ++b) {
-      const int j = j0 + b * kWarpSize + lane;
-      v[b] = j < i ? __ldg(ix + j) : static_cast<W>(-1);  // -1 / 0xffffffff: never a valid expert
+    for (int b = 0; b < kScanVecs; ++b) {
+      const int j = v0 + b * kWarpSize + lane;
+      v[b] = j < nv ? __ldg(v4 + j) : make_uint4(~0u, ~0u, ~0u, ~0u);  // all ones: never a valid expert
     }
 #pragma unroll
-    for (int b = 0; b < kScanBatch; ++b) mine += v[b] == key;
+    for (int b = 0; b < kScanVecs; ++b) {
+      W w[kPer];
+      memcpy(w, &v[b], 16);
+#pragma unroll
+      for (int x = 0; x < kPer; ++x) mine += w[x] == key;
+    }
   }
   return mine;
 }
