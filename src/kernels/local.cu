@@ -48,6 +48,9 @@ constexpr int kScaleRegs = 4;     // scales per lane held in registers (128 per 
 #ifndef EPKIT_LOCAL_SPECIALIZE
 #define EPKIT_LOCAL_SPECIALIZE 1
 #endif
+#ifndef EPKIT_LOCAL_WAVE2  // A/B: the two-chunk one-wave combine (local_combine_wave_kernel<.., 2>)
+#define EPKIT_LOCAL_WAVE2 1
+#endif
 constexpr int kRowBatch = 8;      // small combine: expert rows whose loads a warp keeps in flight together
 // Large combine: rows whose four 512-byte pieces (a unit's 1024 elements) a warp loads together.
 // Two rows of four pieces measured faster at 4096 tokens than eight rows of one piece (V3 combine
@@ -819,12 +822,21 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 // acc[qq] += sum over k < K of w_k * y[row_k][8 c[qq] .. 8 c[qq] + 7] (lane k holds row_k, -1: none,
 // and w_k): kB rows at a time, the loads of all their kN chunks issued before any is used.
-template <int kB, int kN, typename Tin>
+// kZero: the raw rows start as zeros, so that a predicated load can write its own registers (else,
+// short of registers, the compiler loaded into one scratch and copied out, waiting for each load
+// before issuing the next: measured in the SASS of the two-chunk one-wave combine).
+template <int kB, int kN, typename Tin, bool kZero = false>
 __device__ __forceinline__ void sum_rows(const Tin* y, int H, int K, int row, float wk, const int* c, int chunks,
                                          float (*acc)[8]) {
 #pragma unroll 1
   for (int kb = 0; kb < K; kb += kB) {
     RawRow<Tin> r[kB][kN];
+    if constexpr (kZero) {
+#pragma unroll
+      for (int j = 0; j < kB; ++j)
+#pragma unroll
+        for (int qq = 0; qq < kN; ++qq) r[j][qq].zero();
+    }
     float w[kB];
     bool have[kB];
 #pragma unroll
@@ -862,7 +874,9 @@ __device__ void local_combine_sum(const CommParams& p, const CombineIO& io, int 
   // read by as many SMs as there are units, not by the first blocks' 16 warps each (the bytes one
   // SM can pull from L2 set the time there). Large objects keep contiguous units per block.
   const int warp = threadIdx.x / kWarpSize;
-  const int q0 = kChunks == 1 ? warp * gridDim.x + blockIdx.x : blockIdx.x * kWarps + warp;
+  // One-wave kernels spread their units the same way.
+  constexpr bool kSpread = kChunks == 1 || kOneWave;
+  const int q0 = kSpread ? warp * gridDim.x + blockIdx.x : blockIdx.x * kWarps + warp;
   // Small objects: when one unit per warp would take more than one wave of the grid, a warp sums g
   // consecutive units of one token, one after the other, so that it loads the token's map row once
   // instead of once per wave (each map load is a round trip before any row can be read).
@@ -897,7 +911,8 @@ __device__ void local_combine_sum(const CommParams& p, const CombineIO& io, int 
       for (int qq = 0; qq < kChunks; ++qq)
 #pragma unroll
         for (int i = 0; i < 8; ++i) acc[qq][i] = 0.f;
-      sum_rows<kLargeRowBatch, kChunks>(y, H, K, row, wk, c, chunks, acc);
+      // One wave (kChunks == 2): all K rows of both chunks in flight at once, as kChunks == 1 has one's.
+      sum_rows<kOneWave ? kRowBatch : kLargeRowBatch, kChunks, Tin, kOneWave>(y, H, K, row, wk, c, chunks, acc);
 #pragma unroll
       for (int qq = 0; qq < kChunks; ++qq)
         if (c[qq] < chunks) st16(out + static_cast<size_t>(t) * H + static_cast<size_t>(c[qq]) * 8, Vec8<Tout>::pack(acc[qq]));
@@ -939,13 +954,16 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 
 // Fused small combines of a host-given m whose units fit one wave of the grid (one unit per warp):
-// the kernel holds only that loop (see local_dispatch_path_kernel).
-template <typename Tin, typename Tout>
+// the kernel holds only that loop (see local_dispatch_path_kernel). kChunks 2: units of 512
+// elements, for calls whose 256-element units would take two waves (V3 at 128 tokens: 3584 units
+// against 2112 warps; 1792 of 512), so that every warp loads all its rows in one round instead of
+// two rounds one after the other.
+template <typename Tin, typename Tout, int kChunks>
 __global__ void __launch_bounds__(kThreads, 1)
     local_combine_wave_kernel(const __grid_constant__ CommParams p, const __grid_constant__ CombineIO io) {
   wait_previous_kernel();
   EPKIT_STAGE(p, kStCombineStart);
-  local_combine_sum<Tin, Tout, 1, true>(p, io, io.m.host_m, static_cast<Tout*>(io.out));
+  local_combine_sum<Tin, Tout, kChunks, true>(p, io, io.m.host_m, static_cast<Tout*>(io.out));
   EPKIT_STAGE(p, kStPartialsSent);
   EPKIT_STAGE(p, kStTokensSummed);
 }
@@ -956,10 +974,15 @@ cudaError_t launch_local_typed(const CommParams& p, const CombineIO& io, bool s,
 #if EPKIT_LOCAL_SPECIALIZE
   // Two-byte inputs only: the fp32 one spills (16 bytes) where the general kernel spills 4.
   if constexpr (sizeof(Tin) == 2) {
-    const int64_t units = local_combine_units(p.hidden, 1);  // per token
-    if (!local_large(p) && s && r && io.m.dev_m == nullptr &&
-        static_cast<int64_t>(io.m.host_m) * units <= static_cast<int64_t>(sh.blocks) * kWarps)
-      return launch_after_previous(local_combine_wave_kernel<Tin, Tout>, sh, st, p, io);
+    const int64_t m = io.m.host_m, warps = static_cast<int64_t>(sh.blocks) * kWarps;
+    if (!local_large(p) && s && r && io.m.dev_m == nullptr) {
+      if (m * local_combine_units(p.hidden, 1) <= warps)
+        return launch_after_previous(local_combine_wave_kernel<Tin, Tout, 1>, sh, st, p, io);
+#if EPKIT_LOCAL_WAVE2
+      if (m * local_combine_units(p.hidden, 2) <= warps)
+        return launch_after_previous(local_combine_wave_kernel<Tin, Tout, 2>, sh, st, p, io);
+#endif
+    }
   }
 #endif
   auto kernel = local_large(p) ? local_combine_kernel<Tin, Tout, true> : local_combine_kernel<Tin, Tout, false>;
