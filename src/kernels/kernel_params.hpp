@@ -195,6 +195,41 @@ constexpr int local_rank_warps(int num_experts) {
 constexpr int local_pieces_per_row(int payload_bytes, int piece_chunks) {
   return (payload_bytes + 512 * piece_chunks - 1) / (512 * piece_chunks);
 }
+// The small dispatch's piece for a call of m tokens on a grid of `warps` warps: the 512-byte piece
+// when all of its (token, piece, k) units fit in one wave, else the 2 KB one (fewer, longer units:
+// measured faster at 128 tokens). host::local_piece_chunks applies it to an object's largest call.
+constexpr int local_call_piece_chunks(int m, int topk, int payload_bytes, int warps) {
+  return static_cast<int64_t>(m) * topk * local_pieces_per_row(payload_bytes, kLocalSmallPieceChunks) <= warps
+             ? kLocalSmallPieceChunks
+             : kLocalLargePieceChunks;
+}
+// Fused W = 1 calls whose m is given on the host (local.cu's launchers): the one-path dispatch and
+// the one-wave combine are chosen from the call's own m and the launch grid, not from the object's
+// largest call, so that an object sized for an engine's largest batch (M of 4096, a large object)
+// runs its decode calls on the decode kernels. one_path false: the object's general kernel.
+struct LocalFusedDispatch {
+  bool one_path;
+  LocalSmallPath path;
+  int piece_chunks;
+};
+constexpr LocalFusedDispatch local_fused_dispatch(bool large_object, int m, int topk, int payload_bytes, int warps) {
+  if (m >= kLocalLargeTokens) return {false, LocalSmallPath::kRank, 0};
+  const int pc = local_call_piece_chunks(m, topk, payload_bytes, warps);
+  const int n = m * topk;
+  const LocalSmallPath path = local_small_path(n, n * local_pieces_per_row(payload_bytes, pc), warps);
+  // The block ranking keeps an (expert, rank) pair per entry of the object's largest call in shared
+  // memory, which a large object's launch does not have: its calls that rank in blocks stay general.
+  if (large_object && path == LocalSmallPath::kRank) return {false, path, 0};
+  return {true, path, pc};
+}
+// The one-wave combine's 16-byte chunks per lane for a fused host-m call (1: 256-element units, 2:
+// 512-element units for calls whose 256-element units would take two waves), 0: the general kernel.
+constexpr int local_fused_combine_chunks(int m, int hidden, int warps, bool two_chunks) {
+  if (m >= kLocalLargeTokens) return 0;
+  if (static_cast<int64_t>(m) * local_combine_units(hidden, 1) <= warps) return 1;
+  if (two_chunks && static_cast<int64_t>(m) * local_combine_units(hidden, 2) <= warps) return 2;
+  return 0;
+}
 // The small dispatch's shared memory, in ints: the counts (E), the packed first rows (E + 1), the
 // prefix scratch (kWarpsPerBlock), then the path's own arrays.
 constexpr size_t local_count_smem_ints(int num_experts) {

@@ -963,6 +963,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     local_combine_wave_kernel(const __grid_constant__ CommParams p, const __grid_constant__ CombineIO io) {
   wait_previous_kernel();
   EPKIT_STAGE(p, kStCombineStart);
+  // A large object's dispatch of this layer may have taken the large path (device m) and counted
+  // into the per-expert counters, which the layer's combine zeroes (local_combine_kernel).
+  if (p.max_tokens >= kLocalLargeTokens && blockIdx.x == 0)
+    for (int e = threadIdx.x; e < p.num_experts; e += blockDim.x) p.local_counts[e] = 0;
   local_combine_sum<Tin, Tout, kChunks, true>(p, io, io.m.host_m, static_cast<Tout*>(io.out));
   EPKIT_STAGE(p, kStPartialsSent);
   EPKIT_STAGE(p, kStTokensSummed);
@@ -974,14 +978,10 @@ cudaError_t launch_local_typed(const CommParams& p, const CombineIO& io, bool s,
 #if EPKIT_LOCAL_SPECIALIZE
   // Two-byte inputs only: the fp32 one spills (16 bytes) where the general kernel spills 4.
   if constexpr (sizeof(Tin) == 2) {
-    const int64_t m = io.m.host_m, warps = static_cast<int64_t>(sh.blocks) * kWarps;
-    if (!local_large(p) && s && r && io.m.dev_m == nullptr) {
-      if (m * local_combine_units(p.hidden, 1) <= warps)
-        return launch_after_previous(local_combine_wave_kernel<Tin, Tout, 1>, sh, st, p, io);
-#if EPKIT_LOCAL_WAVE2
-      if (m * local_combine_units(p.hidden, 2) <= warps)
-        return launch_after_previous(local_combine_wave_kernel<Tin, Tout, 2>, sh, st, p, io);
-#endif
+    if (s && r && io.m.dev_m == nullptr) {
+      const int chunks = local_fused_combine_chunks(io.m.host_m, p.hidden, sh.blocks * kWarps, EPKIT_LOCAL_WAVE2);
+      if (chunks == 1) return launch_after_previous(local_combine_wave_kernel<Tin, Tout, 1>, sh, st, p, io);
+      if (chunks == 2) return launch_after_previous(local_combine_wave_kernel<Tin, Tout, 2>, sh, st, p, io);
     }
   }
 #endif
@@ -1005,21 +1005,22 @@ cudaError_t launch_local_out(const CommParams& p, const CombineIO& io, DType in,
 cudaError_t launch_local_dispatch(const CommParams& p, const DispatchIO& io, bool do_send, bool do_recv,
                                   const LaunchShape& shape, cudaStream_t stream) {
 #if EPKIT_LOCAL_SPECIALIZE
-  if (!local_large(p) && do_send && do_recv && io.m.dev_m == nullptr) {
-    const bool small_piece = p.local_piece_chunks == kLocalSmallPieceChunks;
-    const int n = io.m.host_m * p.topk;
-    const int units = n * local_pieces_per_row(p.payload_bytes, p.local_piece_chunks);
-    const LocalSmallPath path = local_small_path(n, units, shape.blocks * kWarps);
-    using LP = LocalSmallPath;
-    auto pick = [path](auto tiny, auto scan, auto rank) {
-      return path == LP::kTiny ? tiny : path == LP::kScan ? scan : rank;
-    };
-    constexpr int kS = kLocalSmallPieceChunks, kL = kLocalLargePieceChunks;
-    auto kernel = small_piece ? pick(local_dispatch_path_kernel<kS, LP::kTiny>, local_dispatch_path_kernel<kS, LP::kScan>,
-                                     local_dispatch_path_kernel<kS, LP::kRank>)
-                              : pick(local_dispatch_path_kernel<kL, LP::kTiny>, local_dispatch_path_kernel<kL, LP::kScan>,
-                                     local_dispatch_path_kernel<kL, LP::kRank>);
-    return launch_after_previous(kernel, shape, stream, p, io);
+  if (do_send && do_recv && io.m.dev_m == nullptr) {
+    const LocalFusedDispatch f =
+        local_fused_dispatch(local_large(p), io.m.host_m, p.topk, p.payload_bytes, shape.blocks * kWarps);
+    if (f.one_path) {
+      using LP = LocalSmallPath;
+      auto pick = [&f](auto tiny, auto scan, auto rank) {
+        return f.path == LP::kTiny ? tiny : f.path == LP::kScan ? scan : rank;
+      };
+      constexpr int kS = kLocalSmallPieceChunks, kL = kLocalLargePieceChunks;
+      auto kernel = f.piece_chunks == kS
+                        ? pick(local_dispatch_path_kernel<kS, LP::kTiny>, local_dispatch_path_kernel<kS, LP::kScan>,
+                               local_dispatch_path_kernel<kS, LP::kRank>)
+                        : pick(local_dispatch_path_kernel<kL, LP::kTiny>, local_dispatch_path_kernel<kL, LP::kScan>,
+                               local_dispatch_path_kernel<kL, LP::kRank>);
+      return launch_after_previous(kernel, shape, stream, p, io);
+    }
   }
 #endif
   auto kernel = local_large(p)                                    ? local_dispatch_kernel<true, kLocalLargePieceChunks>

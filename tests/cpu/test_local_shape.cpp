@@ -103,6 +103,67 @@ TEST(LocalShape, ScanRankingWhileScansStayShort) {
   EXPECT_EQ(path(511, 6, 64, v2, 2048), LocalSmallPath::kRank);
 }
 
+// Fused calls of host-given m choose their kernel from their own m and the launch grid
+// (kernels::local_fused_dispatch / local_fused_combine_chunks, local.cu's launchers), so that an
+// object sized for a larger batch than the call runs decode calls on the decode kernels.
+TEST(LocalShape, FusedCallsChooseTheirKernelFromTheirOwnM) {
+  using kernels::LocalSmallPath;
+  const int v3 = 7168, K = 8, E = 256, H = 7168;
+  auto dispatch = [&](int M, int m) {
+    const LocalShapes s = local_shapes(M, K, E, v3, H, kH200Sms);
+    return kernels::local_fused_dispatch(M >= kernels::kLocalLargeTokens, m, K, v3,
+                                         s.dispatch.blocks * kernels::kWarpsPerBlock);
+  };
+  // An object sized for an engine's largest batch (large: M >= 512) takes the one-warp and scan
+  // paths for decode calls, each with the piece its own units need.
+  auto f = dispatch(4096, 1);
+  EXPECT_TRUE(f.one_path);
+  EXPECT_EQ(f.path, LocalSmallPath::kTiny);
+  EXPECT_EQ(f.piece_chunks, kernels::kLocalSmallPieceChunks);  // 112 units: one wave of 512 B
+  f = dispatch(4096, 18);
+  EXPECT_EQ(f.path, LocalSmallPath::kScan);
+  EXPECT_EQ(f.piece_chunks, kernels::kLocalSmallPieceChunks);  // 2016 units <= 2112 warps
+  f = dispatch(4096, 128);
+  EXPECT_TRUE(f.one_path);
+  EXPECT_EQ(f.path, LocalSmallPath::kScan);
+  EXPECT_EQ(f.piece_chunks, kernels::kLocalLargePieceChunks);
+  // The block ranking needs shared memory for the object's largest call, which a large object's
+  // launch does not have; 512 tokens and more are the large path's.
+  EXPECT_FALSE(dispatch(4096, 256).one_path);
+  EXPECT_FALSE(dispatch(4096, 512).one_path);
+  EXPECT_FALSE(dispatch(600, 4096).one_path);
+  // A small object's 1-token call takes the 512-byte piece even where its largest call takes 2 KB.
+  EXPECT_EQ(local_shapes(256, K, E, v3, H, kH200Sms).piece_chunks, kernels::kLocalLargePieceChunks);
+  f = dispatch(256, 1);
+  EXPECT_TRUE(f.one_path);
+  EXPECT_EQ(f.path, LocalSmallPath::kTiny);
+  EXPECT_EQ(f.piece_chunks, kernels::kLocalSmallPieceChunks);
+  f = dispatch(256, 256);  // small objects rank in blocks with their own kernel too
+  EXPECT_TRUE(f.one_path);
+  EXPECT_EQ(f.path, LocalSmallPath::kRank);
+  EXPECT_EQ(f.piece_chunks, kernels::kLocalLargePieceChunks);
+  // With M = m (the benchmark) the call's piece is the object's.
+  for (int m : {1, 4, 18, 19, 32, 128, 256, 511})
+    EXPECT_EQ(dispatch(m, m).piece_chunks, local_shapes(m, K, E, v3, H, kH200Sms).piece_chunks) << m;
+  // A grid of 6 blocks (AllToAllConfig::num_sms): 1 token's 112 small units need 7.
+  EXPECT_EQ(kernels::local_fused_dispatch(false, 1, K, v3, 6 * kernels::kWarpsPerBlock).piece_chunks,
+            kernels::kLocalLargePieceChunks);
+
+  // Combine: 256-element units while one per warp fits one wave (28 per V3 token), then 512-element
+  // units (14 per token) while those fit, then the general kernel.
+  const int warps = kH200Sms * kernels::kWarpsPerBlock;  // 2112
+  EXPECT_EQ(kernels::local_fused_combine_chunks(1, H, warps, true), 1);
+  EXPECT_EQ(kernels::local_fused_combine_chunks(75, H, warps, true), 1);   // 2100 units
+  EXPECT_EQ(kernels::local_fused_combine_chunks(76, H, warps, true), 2);   // 2128 > 2112; 1064
+  EXPECT_EQ(kernels::local_fused_combine_chunks(128, H, warps, true), 2);  // 1792
+  EXPECT_EQ(kernels::local_fused_combine_chunks(128, H, warps, false), 0);
+  EXPECT_EQ(kernels::local_fused_combine_chunks(151, H, warps, true), 0);  // 2114
+  EXPECT_EQ(kernels::local_fused_combine_chunks(128, 2048, warps, true), 1);  // V2-Lite: 1024
+  EXPECT_EQ(kernels::local_fused_combine_chunks(512, 64, warps, true), 0);    // the large path's
+  // A large object's combine grid holds a decode call's units.
+  EXPECT_EQ(local_shapes(4096, K, E, v3, H, kH200Sms).combine.blocks, kH200Sms);
+}
+
 TEST(LocalShape, CombineUnitsPerToken) {
   EXPECT_EQ(kernels::local_combine_units(7168, 1), 28);  // 256 elements per unit
   EXPECT_EQ(kernels::local_combine_units(7168, 4), 7);   // 1024

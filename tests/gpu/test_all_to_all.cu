@@ -230,6 +230,50 @@ TEST(AllToAll, IndicesAtAnyAlignment) {
   if (comm().rank() == 0) std::printf("IndicesAtAnyAlignment: %d cases passed\n", cases);
 }
 
+// An object sized for more tokens than its calls (an engine's largest batch): at W = 1 a fused call
+// of host-given m takes its kernel from its own m (kernels::local_fused_dispatch), so a large
+// object (M >= 512) runs decode calls on the one-warp and scan kernels and on the one-wave combines,
+// and calls of 256 tokens and more on the large path. Dispatch and combine take m from the host or
+// the device independently (all four pairs), which checks that a large-path dispatch's per-expert
+// counters are zeroed whichever combine ends the layer.
+TEST(AllToAll, LargeObjectsRunDecodeCallsOnDecodeKernels) {
+  if (comm().world_size() > 2) GTEST_SKIP() << "the W = 1 kernel choice; W = 2 for the general kernels";
+  const Shape shapes[] = {{7168, 8, 256}, {2048, 6, 64}};
+  const Routing routings[] = {Routing::kUniform, Routing::kMasked};
+  const int M = 600;
+  const int ms[] = {1, 4, 18, 128, 256, M};  // one warp, scans of 512-byte and 2 KB pieces, large path
+  cudaStream_t st;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), cudaSuccess);
+  int variant = 0, cases = 0;
+  for (const Shape& s : shapes) {
+    ++variant;
+    AllToAllConfig cfg = make_config(s.hidden, s.topk, s.experts, DType::kFP8E4M3, variant);
+    cfg.max_tokens_per_rank = M;
+    if (cfg.layout == ExpertLayout::kMasked) cfg.capacity = 128;  // uniform routing: ~19 tokens per expert
+    AllToAll a2a(comm(), cfg);
+    RankBuffers b;
+    b.allocate(cfg, idx_type(variant));
+    int layer = 0;
+    for (Routing r : routings)
+      for (int m : ms) {
+        ++layer;
+        const bool dev_dispatch = layer % 2 == 0, dev_combine = layer / 2 % 2 == 1;
+        const std::string problem =
+            checked_layer(a2a, cfg, b, r, m, case_seed(120000 + variant * 100 + layer), st, [&] {
+              a2a.dispatch(b.dispatch_args(cfg, m, dev_dispatch), st);
+              launch_expert(cfg, b, st);
+              a2a.combine(b.combine_args(cfg, m, dev_combine), st);
+              return std::string();
+            });
+        AGREE_OR_FAIL(problem, describe(cfg, r, m) + " device m: dispatch " + std::to_string(dev_dispatch) +
+                                   ", combine " + std::to_string(dev_combine));
+        ++cases;
+      }
+  }
+  cudaStreamDestroy(st);
+  if (comm().rank() == 0) std::printf("LargeObjectsRunDecodeCallsOnDecodeKernels: %d cases passed\n", cases);
+}
+
 TEST(AllToAll, SplitPhasesWithForeignKernels) {
   const AllToAllConfig cfg = make_config(2048, 6, 64, DType::kFP8E4M3, 1);
   AllToAll a2a(comm(), cfg);
