@@ -185,6 +185,18 @@ constexpr LocalSmallPath local_small_path(int n, int units, int warps) {
 constexpr int local_combine_units(int hidden, int chunks_per_lane) {
   return (hidden / 8 + 32 * chunks_per_lane - 1) / (32 * chunks_per_lane);
 }
+// The scan path's split of the index words j < i (local.cu, lane_matches_below) for 16-byte loads:
+// `head` words up to the first 16-byte boundary (the array starts mis words past one; words of
+// 16 / per bytes, per words per vector), then nv whole vectors, then the tail words tail0 .. i - 1.
+// Head and tail each hold fewer than `per` words, one per lane.
+struct ScanSplit {
+  int head, nv, tail0;
+};
+constexpr ScanSplit scan_split(int i, int mis, int per) {
+  const int head = (per - mis) % per < i ? (per - mis) % per : i;
+  const int nv = (i - head) / per;
+  return {head, nv, head + nv * per};
+}
 inline constexpr int kLocalRankCounters = 8192;
 inline constexpr int kLocalSmallPieceChunks = 1, kLocalLargePieceChunks = 4;
 constexpr int local_rank_warps(int num_experts) {

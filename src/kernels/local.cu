@@ -367,9 +367,8 @@ __device__ __forceinline__ int lane_matches_below(const W* ix, int i, W key, int
   constexpr int kPer = 16 / static_cast<int>(sizeof(W));  // words per vector
   // head: words before the first 16-byte boundary (< kPer); then nv whole vectors; then the tail.
   const int mis = static_cast<int>(reinterpret_cast<uintptr_t>(ix) % 16) / static_cast<int>(sizeof(W));
-  const int head = min(i, (kPer - mis) % kPer);
-  const int nv = (i - head) / kPer;
-  const int tail0 = head + nv * kPer;  // the tail: words tail0 .. i - 1 (< kPer of them)
+  const ScanSplit sp = scan_split(i, mis, kPer);
+  const int head = sp.head, nv = sp.nv, tail0 = sp.tail0;  // the tail: words tail0 .. i - 1
   // Lanes 0 .. kPer - 1 take the head's words, lanes kPer .. 2 kPer - 1 the tail's.
   const int js = lane < kPer ? lane : tail0 + lane - kPer;
   const bool have = lane < kPer ? lane < head : lane < 2 * kPer && js < i;

@@ -164,6 +164,28 @@ TEST(LocalShape, FusedCallsChooseTheirKernelFromTheirOwnM) {
   EXPECT_EQ(local_shapes(4096, K, E, v3, H, kH200Sms).combine.blocks, kH200Sms);
 }
 
+// The scan path's 16-byte loads (local.cu, lane_matches_below): for every start offset and scan
+// length, head + whole vectors + tail cover exactly the words below i, the vectors start on a
+// 16-byte boundary, and head and tail fit the lanes that take them (fewer than `per` each).
+TEST(LocalShape, ScanSplitCoversEveryWordOnce) {
+  for (int per : {2, 4})  // int64 and 32-bit index words
+    for (int mis = 0; mis < per; ++mis)
+      for (int i = 0; i <= 3000; ++i) {
+        const kernels::ScanSplit s = kernels::scan_split(i, mis, per);
+        const int tail = i - s.tail0;
+        ASSERT_GE(s.head, 0);
+        ASSERT_LT(s.head, per);
+        ASSERT_GE(s.nv, 0);
+        ASSERT_GE(tail, 0);
+        ASSERT_LT(tail, per);
+        ASSERT_EQ(s.head + s.nv * per + tail, i);
+        ASSERT_EQ(s.tail0, s.head + s.nv * per);
+        if (s.nv > 0) ASSERT_EQ((mis + s.head) % per, 0) << "vectors start on a 16-byte boundary";
+        // Head and tail words are loaded one per lane by lanes 0 .. 2 per - 1 of one warp.
+        ASSERT_LE(2 * per, 32);
+      }
+}
+
 TEST(LocalShape, CombineUnitsPerToken) {
   EXPECT_EQ(kernels::local_combine_units(7168, 1), 28);  // 256 elements per unit
   EXPECT_EQ(kernels::local_combine_units(7168, 4), 7);   // 1024
