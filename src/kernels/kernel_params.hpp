@@ -144,6 +144,19 @@ struct CombineIO {
 // launches the large variant only for objects whose ceil(M / D) reaches this.
 inline constexpr int kLargeCallTokens = 1024;
 inline bool large_capable(const CommParams& p) { return p.max_msgs_per_src >= kLargeCallTokens; }
+// Tokens a rank sends of its DP group's m (tokens t = u * D + rank % D), on the host and the device.
+constexpr int own_tokens(int m, int rank, int dp_size) {
+  return m > rank % dp_size ? (m - rank % dp_size + dp_size - 1) / dp_size : 0;
+}
+// The large variant for this call (dispatch.cu, combine.cu): an object that can take the large-call
+// paths, and a call that may: m on the device, or own tokens of a host m at least kLargeCallTokens.
+// A smaller host-m call runs the small variant: the same work, since dispatch takes its large-call
+// paths only from kLargeCallTokens own tokens and combine's large variant changes only the order of
+// its messages and the batching of its flags, so an object sized for prefill does not pay the large
+// variant's 1-2 us per call at decode (docs/perf-notes/2026-11-30-prefill.md).
+inline bool large_variant(const CommParams& p, const TokenCount& m) {
+  return large_capable(p) && (m.dev_m != nullptr || own_tokens(m.host_m, p.rank, p.dp_size) >= kLargeCallTokens);
+}
 
 // World size 1 (local.cu): objects whose M reaches this count each block's own chunk of tokens and
 // share per-expert counters (one grid-wide step for the packed layout) instead of every block

@@ -213,6 +213,32 @@ TEST(LocalShape, ScanSplitCoversEveryWordOnce) {
       }
 }
 
+// World size >= 2 (dispatch.cu, combine.cu): the large variant only for calls that may take the
+// large-call paths (kernels::large_variant): a device m, or a host m of at least kLargeCallTokens
+// own tokens, on an object that can (ceil(M / D) >= kLargeCallTokens).
+TEST(LocalShape, LargeVariantOnlyForCallsThatMayBeLarge) {
+  EXPECT_EQ(kernels::own_tokens(0, 0, 1), 0);
+  EXPECT_EQ(kernels::own_tokens(7, 0, 1), 7);
+  EXPECT_EQ(kernels::own_tokens(7, 0, 2), 4);  // tokens 0, 2, 4, 6
+  EXPECT_EQ(kernels::own_tokens(7, 1, 2), 3);  // 1, 3, 5
+  EXPECT_EQ(kernels::own_tokens(1, 3, 2), 0);  // rank 3 is member 1 of its group: token 1 and up
+  EXPECT_EQ(kernels::own_tokens(2, 3, 2), 1);
+  kernels::CommParams p{};
+  p.rank = 0, p.dp_size = 1, p.max_msgs_per_src = 4096;  // an object sized for prefill
+  const int32_t dev = 0;
+  auto host = [](int m) { return kernels::TokenCount{m, nullptr, 4096}; };
+  EXPECT_FALSE(kernels::large_variant(p, host(1)));
+  EXPECT_FALSE(kernels::large_variant(p, host(1023)));
+  EXPECT_TRUE(kernels::large_variant(p, host(1024)));
+  EXPECT_TRUE(kernels::large_variant(p, kernels::TokenCount{-1, &dev, 4096}));  // m known only on the device
+  p.dp_size = 2, p.rank = 1;  // rank 1 sends tokens 1, 3, ...: 1024 of 2048, 1023 of 2047
+  EXPECT_TRUE(kernels::large_variant(p, host(2048)));
+  EXPECT_FALSE(kernels::large_variant(p, host(2047)));
+  p.max_msgs_per_src = 1023;  // an object that cannot take them
+  EXPECT_FALSE(kernels::large_variant(p, host(4096)));
+  EXPECT_FALSE(kernels::large_variant(p, kernels::TokenCount{-1, &dev, 4096}));
+}
+
 TEST(LocalShape, CombineUnitsPerToken) {
   EXPECT_EQ(kernels::local_combine_units(7168, 1), 28);  // 256 elements per unit
   EXPECT_EQ(kernels::local_combine_units(7168, 4), 7);   // 1024

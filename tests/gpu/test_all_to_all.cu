@@ -230,18 +230,20 @@ TEST(AllToAll, IndicesAtAnyAlignment) {
   if (comm().rank() == 0) std::printf("IndicesAtAnyAlignment: %d cases passed\n", cases);
 }
 
-// An object sized for more tokens than its calls (an engine's largest batch): at W = 1 a fused call
-// of host-given m takes its kernel from its own m (kernels::local_fused_dispatch), so a large
-// object (M >= 512) runs decode calls on the one-warp and scan kernels and on the one-wave combines,
-// and calls of 256 tokens and more on the large path. Dispatch and combine take m from the host or
-// the device independently (all four pairs), which checks that a large-path dispatch's per-expert
-// counters are zeroed whichever combine ends the layer.
+// An object sized for more tokens than its calls (an engine's largest batch): a call of host-given
+// m takes its kernel from its own m. At W = 1 (kernels::local_fused_dispatch) a large object
+// (M >= 512) runs decode calls on the one-warp and scan kernels and the one-wave combines, and
+// calls of 256 tokens and more on the large path; at W = 2 (kernels::large_variant) an object that
+// can take the large-call paths (M >= 1024) runs calls below 1024 own tokens on the small variant.
+// Dispatch and combine take m from the host or the device independently (all four pairs), which
+// checks that a large-path dispatch's per-expert counters are zeroed whichever combine ends the
+// layer, and that the variants of one layer's dispatch and combine need not match.
 TEST(AllToAll, LargeObjectsRunDecodeCallsOnDecodeKernels) {
   if (comm().world_size() > 2) GTEST_SKIP() << "the W = 1 kernel choice; W = 2 for the general kernels";
   const Shape shapes[] = {{7168, 8, 256}, {2048, 6, 64}};
   const Routing routings[] = {Routing::kUniform, Routing::kMasked};
-  const int M = 600;
-  const int ms[] = {1, 4, 18, 128, 256, M};  // one warp, scans of 512-byte and 2 KB pieces, large path
+  const int M = 1100;
+  const int ms[] = {1, 4, 18, 128, 256, M};  // W = 1: one warp, scans of 512-byte and 2 KB pieces, large path
   cudaStream_t st;
   ASSERT_EQ(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), cudaSuccess);
   int variant = 0, cases = 0;
@@ -249,7 +251,7 @@ TEST(AllToAll, LargeObjectsRunDecodeCallsOnDecodeKernels) {
     ++variant;
     AllToAllConfig cfg = make_config(s.hidden, s.topk, s.experts, DType::kFP8E4M3, variant);
     cfg.max_tokens_per_rank = M;
-    if (cfg.layout == ExpertLayout::kMasked) cfg.capacity = 128;  // uniform routing: ~19 tokens per expert
+    if (cfg.layout == ExpertLayout::kMasked) cfg.capacity = 192;  // uniform routing: <= ~70 tokens per expert
     AllToAll a2a(comm(), cfg);
     RankBuffers b;
     b.allocate(cfg, idx_type(variant));
