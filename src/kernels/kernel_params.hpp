@@ -153,7 +153,8 @@ constexpr int own_tokens(int m, int rank, int dp_size) {
 // A smaller host-m call runs the small variant: the same work, since dispatch takes its large-call
 // paths only from kLargeCallTokens own tokens and combine's large variant changes only the order of
 // its messages and the batching of its flags, so an object sized for prefill does not pay the large
-// variant's 1-2 us per call at decode (docs/perf-notes/2026-11-30-prefill.md).
+// variants' fixed cost at decode (measured at EP2 when they were split: dispatch +1.6 us, combine
+// +0.6 at 1 token, docs/perf-notes/2026-11-30-prefill.md).
 inline bool large_variant(const CommParams& p, const TokenCount& m) {
   return large_capable(p) && (m.dev_m != nullptr || own_tokens(m.host_m, p.rank, p.dp_size) >= kLargeCallTokens);
 }
