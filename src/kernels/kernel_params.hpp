@@ -163,7 +163,7 @@ inline bool large_variant(const CommParams& p, const TokenCount& m) {
 // share per-expert counters (one grid-wide step for the packed layout) instead of every block
 // counting every token. Not measured: at 512 tokens x top-8 the redundant count is 8 loads per thread.
 inline constexpr int kLocalLargeTokens = 512;
-inline bool local_large(const CommParams& p) { return p.max_tokens >= kLocalLargeTokens; }
+constexpr bool local_large(const CommParams& p) { return p.max_tokens >= kLocalLargeTokens; }  // host and device
 
 // Block shape every kernel is compiled for (device_common.cuh uses the same numbers).
 inline constexpr int kThreadsPerBlock = 512;
@@ -249,18 +249,6 @@ constexpr LocalFusedDispatch local_fused_dispatch(bool large_object, int m, int 
   if (large_object && path == LocalSmallPath::kRank) return {false, path, 0};
   return {true, path, pc};
 }
-// The fan dispatch (local.cu; taken only with CommParams::local_fan, env EPKIT_LOCAL_FAN=1, while it is
-// measured against the scan path): a scan-path call of top-k <=
-// kLocalFanTopK whose (token, 512-byte piece) units fit one wave, one warp per unit storing it into
-// the token's K rows. Each warp keeps an expert -> slot table of one byte per expert after the
-// counts (local_fan_smem_bytes, within the launch's shared memory) and counts in bytes per lane:
-// at most kLocalFanMaxEntries entries (ceil(n / 32) + 6 words per lane stay below 256).
-inline constexpr int kLocalFanTopK = 8;
-inline constexpr int kLocalFanMaxEntries = 7680;
-constexpr int local_fan_table_bytes(int num_experts) { return (num_experts + 15) / 16 * 16; }
-constexpr size_t local_fan_smem_bytes(int num_experts);  // below, after local_count_smem_ints
-constexpr bool local_fan_dispatch(const LocalFusedDispatch& f, int m, int topk, int num_experts, int payload_bytes,
-                                  int warps, size_t smem_bytes);
 // The one-wave combine's 16-byte chunks per lane for a fused host-m call (1: 256-element units, 2:
 // 512-element units for calls whose 256-element units would take two waves), 0: the general kernel.
 constexpr int local_fused_combine_chunks(int m, int hidden, int warps, bool two_chunks) {
@@ -274,6 +262,15 @@ constexpr int local_fused_combine_chunks(int m, int hidden, int warps, bool two_
 constexpr size_t local_count_smem_ints(int num_experts) {
   return 2 * static_cast<size_t>(num_experts) + 1 + kWarpsPerBlock;
 }
+// The fan dispatch (local.cu; taken only with CommParams::local_fan, env EPKIT_LOCAL_FAN=1, while it
+// is measured against the scan path): a scan-path call of top-k <= kLocalFanTopK whose (token,
+// 512-byte piece) units fit one wave, one warp per unit storing it into
+// the token's K rows. Each warp keeps an expert -> slot table of one byte per expert after the
+// counts (local_fan_smem_bytes, within the launch's shared memory) and counts in bytes per lane:
+// at most kLocalFanMaxEntries entries (ceil(n / 32) + 6 words per lane stay below 256).
+inline constexpr int kLocalFanTopK = 8;
+inline constexpr int kLocalFanMaxEntries = 7680;
+constexpr int local_fan_table_bytes(int num_experts) { return (num_experts + 15) / 16 * 16; }
 constexpr size_t local_fan_smem_bytes(int num_experts) {
   return local_count_smem_ints(num_experts) * sizeof(int) +
          static_cast<size_t>(kWarpsPerBlock) * static_cast<size_t>(local_fan_table_bytes(num_experts));

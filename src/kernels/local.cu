@@ -1063,7 +1063,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   EPKIT_STAGE(p, kStCombineStart);
   // A large object's dispatch of this layer may have taken the large path (device m) and counted
   // into the per-expert counters, which the layer's combine zeroes (local_combine_kernel).
-  if (p.max_tokens >= kLocalLargeTokens && blockIdx.x == 0)
+  if (local_large(p) && blockIdx.x == 0)
     for (int e = threadIdx.x; e < p.num_experts; e += blockDim.x) p.local_counts[e] = 0;
   local_combine_sum<Tin, Tout, kChunks, true>(p, io, io.m.host_m, static_cast<Tout*>(io.out));
   EPKIT_STAGE(p, kStPartialsSent);
