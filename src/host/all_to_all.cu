@@ -51,16 +51,6 @@ bool local_kernels_enabled() {
   const char* e = std::getenv("EPKIT_LOCAL_KERNELS");
   return !(e && std::strcmp(e, "0") == 0);
 }
-// EPKIT_LOCAL_FAN=1 / 0: world size 1's fan dispatch for the calls it fits, or not
-// (kernels::local_fan_dispatch); unset: off until it is measured against the scan path it would
-// replace (an A/B library built with -DEPKIT_LOCAL_FAN_DEFAULT=1 takes it by default).
-#ifndef EPKIT_LOCAL_FAN_DEFAULT
-#define EPKIT_LOCAL_FAN_DEFAULT 0
-#endif
-bool local_fan_enabled() {
-  const char* e = std::getenv("EPKIT_LOCAL_FAN");
-  return e ? std::strcmp(e, "1") == 0 : EPKIT_LOCAL_FAN_DEFAULT != 0;
-}
 
 }  // namespace
 
@@ -277,7 +267,6 @@ AllToAll::AllToAll(const Communicator& comm, const AllToAllConfig& cfg_in) : imp
     I.dispatch_shape = ls.dispatch;
     I.combine_shape = ls.combine;
     p.local_piece_chunks = ls.piece_chunks;
-    p.local_fan = local_fan_enabled() ? 1 : 0;
   }
   EPKIT_CUDA_CHECK(cudaDeviceSynchronize());
   comm.barrier();  // every rank's buffers are zeroed before any peer writes into them

@@ -81,7 +81,6 @@ struct CommParams {
   int combine_slices;   // slices per combine output row (one flag each)
   int weights_at_dispatch;  // 1: weights travel in the dispatch header, combine exchanges none
   int local_piece_chunks;   // W = 1, M < kLocalLargeTokens: 16-byte chunks per lane of one scatter unit (1 or 4)
-  int local_fan;            // W = 1: fused host-m calls may take the fan dispatch (env EPKIT_LOCAL_FAN=1, A/B)
   uint64_t timeout_ns;
 
   uint8_t* sym;                 // this rank's symmetric base (nvshmem addresses)
@@ -261,26 +260,6 @@ constexpr int local_fused_combine_chunks(int m, int hidden, int warps, bool two_
 // prefix scratch (kWarpsPerBlock), then the path's own arrays.
 constexpr size_t local_count_smem_ints(int num_experts) {
   return 2 * static_cast<size_t>(num_experts) + 1 + kWarpsPerBlock;
-}
-// The fan dispatch (local.cu; taken only with CommParams::local_fan, env EPKIT_LOCAL_FAN=1, while it
-// is measured against the scan path): a scan-path call of top-k <= kLocalFanTopK whose (token,
-// 512-byte piece) units fit one wave, one warp per unit storing it into
-// the token's K rows. Each warp keeps an expert -> slot table of one byte per expert after the
-// counts (local_fan_smem_bytes, within the launch's shared memory) and counts in bytes per lane:
-// at most kLocalFanMaxEntries entries (ceil(n / 32) + 6 words per lane stay below 256).
-inline constexpr int kLocalFanTopK = 8;
-inline constexpr int kLocalFanMaxEntries = 7680;
-constexpr int local_fan_table_bytes(int num_experts) { return (num_experts + 15) / 16 * 16; }
-constexpr size_t local_fan_smem_bytes(int num_experts) {
-  return local_count_smem_ints(num_experts) * sizeof(int) +
-         static_cast<size_t>(kWarpsPerBlock) * static_cast<size_t>(local_fan_table_bytes(num_experts));
-}
-constexpr bool local_fan_dispatch(const LocalFusedDispatch& f, int m, int topk, int num_experts, int payload_bytes,
-                                  int warps, size_t smem_bytes) {
-  return f.one_path && f.path == LocalSmallPath::kScan && topk <= kLocalFanTopK &&
-         m * topk <= kLocalFanMaxEntries &&
-         static_cast<int64_t>(m) * local_pieces_per_row(payload_bytes, kLocalSmallPieceChunks) <= warps &&
-         local_fan_smem_bytes(num_experts) <= smem_bytes;
 }
 
 // Grid of one kernel; every block has kThreadsPerBlock threads.

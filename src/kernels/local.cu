@@ -360,18 +360,10 @@ __device__ void local_dispatch_tiny(const CommParams& p, const DispatchIO& io, i
 #define EPKIT_LOCAL_SCAN_VECS 8
 #endif
 constexpr int kScanVecs = EPKIT_LOCAL_SCAN_VECS;
-// An index word as the expert it names, as a 32-bit pattern: int32 and uint32 words as they are,
-// int64 ones as their low half when the high half is 0, else all ones (never a valid expert, like
-// -1 and every other out-of-range value).
-__device__ __forceinline__ unsigned index_word(unsigned w) { return w; }
-__device__ __forceinline__ unsigned index_word(long long w) {
-  return static_cast<unsigned long long>(w) >> 32 == 0 ? static_cast<unsigned>(w) : ~0u;
-}
-// f(index_word(ix[j])) for this lane's share of the words j < i. W: the index word type (long long
-// for int64 indices; unsigned for int32 and uint32); ix is W-aligned. Words past the end of a
-// round's vectors reach f as all ones.
-template <typename W, typename F>
-__device__ __forceinline__ void for_words_below(const W* ix, int i, int lane, F f) {
+// This lane's count of the words ix[j] == key, j < i. W: the index word type (long long for int64
+// indices; unsigned for int32 and uint32, compared as the 32-bit pattern); ix is W-aligned.
+template <typename W>
+__device__ __forceinline__ int lane_matches_below(const W* ix, int i, W key, int lane) {
   constexpr int kPer = 16 / static_cast<int>(sizeof(W));  // words per vector
   // head: words before the first 16-byte boundary (< kPer); then nv whole vectors; then the tail.
   const int mis = static_cast<int>(reinterpret_cast<uintptr_t>(ix) % 16) / static_cast<int>(sizeof(W));
@@ -380,53 +372,30 @@ __device__ __forceinline__ void for_words_below(const W* ix, int i, int lane, F 
   // Lanes 0 .. kPer - 1 take the head's words, lanes kPer .. 2 kPer - 1 the tail's.
   const int js = lane < kPer ? lane : tail0 + lane - kPer;
   const bool have = lane < kPer ? lane < head : lane < 2 * kPer && js < i;
-  if (have) f(index_word(__ldg(ix + js)));
+  int mine = have && __ldg(ix + js) == key;
   const uint4* v4 = reinterpret_cast<const uint4*>(ix + head);
   for (int v0 = 0; v0 < nv; v0 += kScanVecs * kWarpSize) {
     uint4 v[kScanVecs];
 #pragma unroll
     for (int b = 0; b < kScanVecs; ++b) {
       const int j = v0 + b * kWarpSize + lane;
-      v[b] = j < nv ? __ldg(v4 + j) : make_uint4(~0u, ~0u, ~0u, ~0u);
+      v[b] = j < nv ? __ldg(v4 + j) : make_uint4(~0u, ~0u, ~0u, ~0u);  // all ones: never a valid expert
     }
 #pragma unroll
     for (int b = 0; b < kScanVecs; ++b) {
       W w[kPer];
       memcpy(w, &v[b], 16);
 #pragma unroll
-      for (int x = 0; x < kPer; ++x) f(index_word(w[x]));
+      for (int x = 0; x < kPer; ++x) mine += w[x] == key;
     }
   }
-}
-// This lane's count of the words below i that name expert e.
-template <typename W>
-__device__ __forceinline__ int lane_matches_below(const W* ix, int i, unsigned e, int lane) {
-  int mine = 0;
-  for_words_below(ix, i, lane, [&](unsigned w) { mine += w == e; });
   return mine;
 }
 __device__ __forceinline__ int scan_rank(const DispatchIO& io, int i, int e, int lane) {
-  const unsigned key = static_cast<unsigned>(e);
-  const int mine = io.idx_type == kIdxInt64 ? lane_matches_below(static_cast<const long long*>(io.topk_idx), i, key, lane)
-                                            : lane_matches_below(static_cast<const unsigned*>(io.topk_idx), i, key, lane);
+  const int mine = io.idx_type == kIdxInt64
+                       ? lane_matches_below(static_cast<const long long*>(io.topk_idx), i, static_cast<long long>(e), lane)
+                       : lane_matches_below(static_cast<const unsigned*>(io.topk_idx), i, static_cast<unsigned>(e), lane);
   return __reduce_add_sync(0xffffffffu, mine);
-}
-
-// The n entries counted into cs.cnt (shared-memory atomics: the counts need no order), then the
-// counts (and the packed offsets) out; the writer block writes them and reports bad indices. Ends
-// synced (local_counts_out's packed prefix, or the barrier here).
-__device__ __forceinline__ void local_count_all(const CommParams& p, const DispatchIO& io, const CountSmem& cs, int n,
-                                                bool writer) {
-  const int E = p.num_experts, K = p.topk;
-  for (int x = threadIdx.x; x < E; x += blockDim.x) cs.cnt[x] = 0;
-  __syncthreads();
-#pragma unroll 4
-  for (int i = threadIdx.x; i < n; i += blockDim.x) {
-    const int e = read_expert(p, io.topk_idx, io.idx_type, i, kPhaseDispatchSend, i / K, 0, writer);
-    if (e >= 0) atomicAdd(&cs.cnt[e], 1);
-  }
-  __syncthreads();
-  local_counts_out(p, io, cs, writer);
 }
 
 // Fused dispatch of more than 32 entries whose scans stay short (local_scan_ranks): the warp of each
@@ -450,7 +419,18 @@ __device__ void local_dispatch_scan(const CommParams& p, const DispatchIO& io, i
   // masked, the last block, which has the fewest units (q % gridDim.x), after its stores (measured:
   // 128 tokens 18.2 -> 17.8 us against block 0).
   const bool writer = blockIdx.x == (p.packed ? 0 : gridDim.x - 1);
-  if (p.packed) local_count_all(p, io, cs, n, writer);
+  auto count_all = [&] {  // ends synced (local_counts_out's packed prefix, or the barrier here)
+    for (int x = threadIdx.x; x < E; x += blockDim.x) cs.cnt[x] = 0;
+    __syncthreads();
+#pragma unroll 4
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+      const int e = read_expert(p, io.topk_idx, io.idx_type, i, kPhaseDispatchSend, i / K, 0, writer);
+      if (e >= 0) atomicAdd(&cs.cnt[e], 1);
+    }
+    __syncthreads();
+    local_counts_out(p, io, cs, writer);
+  };
+  if (p.packed) count_all();
   EPKIT_STAGE(p, kStHistogramDone);
   bool first_row = true;
   scatter_units<U>(
@@ -465,76 +445,7 @@ __device__ void local_dispatch_scan(const CommParams& p, const DispatchIO& io, i
         return row;
       },
       true);
-  if (!p.packed && writer) local_count_all(p, io, cs, n, writer);
-}
-
-// Fused dispatch whose (token, 512-byte piece) units fit one wave of the grid, top-k <= kFanTopK
-// (kernels::local_fan_dispatch): one warp per piece of a token loads it once and stores it into all
-// K of the token's rows, so that x is read from L2 once instead of K times (V3 at 128 tokens: 0.9 MB
-// instead of 7.3 MB of reads, beside the 7.3 MB of rows written), and every warp has one unit (1792
-// of 2112 warps) instead of two rounds of 2 KB units. The warp ranks the token's K entries in one
-// scan of the index words below the token (for_words_below): a per-warp table in shared memory maps
-// each expert to the slot of the token's entry that has it (-1: none), and each lane counts the
-// words of each slot in byte counters (kLocalFanMaxEntries keeps them below 256); then the entries of
-// the same expert earlier in the token. Counts, map and rows as local_dispatch_scan.
-static_assert(kLocalFanTopK <= 8, "two registers of byte counters per lane");
-constexpr int kFanTopK = kLocalFanTopK;
-__device__ void local_dispatch_fan(const CommParams& p, const DispatchIO& io, int* smem, int m) {
-  const int E = p.num_experts, K = p.topk, n = m * K;
-  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
-  const CountSmem cs = carve_counts(smem, E);
-  const int npc = local_pieces_per_row(p.payload_bytes, kLocalSmallPieceChunks);
-  const int q = warp * gridDim.x + blockIdx.x;  // spread over the blocks first, as PieceUnits
-  const bool have = q < m * npc;                // one unit per warp at most (the host's rule)
-  const int t = have ? q / npc : 0, pc = q % npc;
-  int4 v[kLocalSmallPieceChunks] = {};
-  float sc[kScaleRegs] = {};
-  if (have) load_piece<kLocalSmallPieceChunks>(p, io, t, pc, lane, v, sc);
-  const bool writer = blockIdx.x == (p.packed ? 0 : gridDim.x - 1);
-  if (p.packed) local_count_all(p, io, cs, n, writer);
-  EPKIT_STAGE(p, kStHistogramDone);
-  if (have) {
-    const int e = lane < K ? read_expert(p, io.topk_idx, io.idx_type, t * K + lane, kPhaseDispatchSend, t, 0, false)
-                           : -1;
-    // This warp's table: expert -> slot (one byte each, -1: none), after the counts.
-    int8_t* tbl = reinterpret_cast<int8_t*>(smem + local_count_smem_ints(E)) + static_cast<size_t>(warp) * local_fan_table_bytes(E);
-    for (int x = lane; x < local_fan_table_bytes(E) / 4; x += kWarpSize) reinterpret_cast<int*>(tbl)[x] = -1;
-    __syncwarp();
-    if (e >= 0) tbl[e] = static_cast<int8_t>(lane);  // equal experts: one of their lanes wins
-    __syncwarp();
-    const int slot = e >= 0 ? tbl[e] : -1;
-    unsigned c0 = 0, c1 = 0;  // byte counters: slot s in byte s % 4 of c0 (s < 4) or c1
-    auto count = [&](unsigned w) {
-      const int s = w < static_cast<unsigned>(E) ? tbl[w] : -1;
-      const unsigned inc = s >= 0 ? 1u << (s % 4 * 8) : 0u;
-      c0 += s < 4 ? inc : 0u;
-      c1 += s < 4 ? 0u : inc;
-    };
-    if (io.idx_type == kIdxInt64) {
-      for_words_below(static_cast<const long long*>(io.topk_idx), t * K, lane, count);
-    } else {
-      for_words_below(static_cast<const unsigned*>(io.topk_idx), t * K, lane, count);
-    }
-    int below = 0;  // the entries of this lane's expert in the tokens before t
-#pragma unroll
-    for (int s = 0; s < kFanTopK; ++s) {
-      const int c = __reduce_add_sync(0xffffffffu, static_cast<int>(((s < 4 ? c0 : c1) >> (s % 4 * 8)) & 0xffu));
-      if (slot == s) below = c;
-    }
-    // ... and those earlier in token t (lanes >= K hold values no entry has).
-    const unsigned peers = __match_any_sync(0xffffffffu, lane < K ? e : -2 - lane);
-    const int rk = below + __popc(peers & ((1u << lane) - 1u));
-    const int row = e >= 0 ? expert_row(p, e, rk, cs.first) : -1;
-    EPKIT_STAGE(p, kStOffsetsDone);
-    if (pc == 0 && lane < K) write_map_entry(p, io, t, lane, row);
-    const float* src_sc = p.num_scales ? io.x_scale + static_cast<size_t>(t) * p.num_scales : nullptr;
-#pragma unroll
-    for (int k = 0; k < kFanTopK; ++k) {
-      const int r = __shfl_sync(0xffffffffu, row, k);
-      if (k < K && r >= 0) store_row_piece<kLocalSmallPieceChunks>(p, io, v, sc, src_sc, r, pc, lane);
-    }
-  }
-  if (!p.packed && writer) local_count_all(p, io, cs, n, writer);
+  if (!p.packed && writer) count_all();
 }
 
 // Small objects (M < kLocalLargeTokens): dispatch and dispatch_send. Every block ranks all n = m * K
@@ -908,16 +819,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   EPKIT_STAGE(p, kStDispatchDone);
 }
 
-// The fan dispatch's kernel (CommParams::local_fan, kernels::local_fan_dispatch).
-__global__ void __launch_bounds__(kThreads, 1)
-    local_dispatch_fan_kernel(const __grid_constant__ CommParams p, const __grid_constant__ DispatchIO io) {
-  extern __shared__ int smem[];
-  wait_previous_kernel();
-  const int m = local_send_start(p, io);
-  local_dispatch_fan(p, io, smem, m);
-  EPKIT_STAGE(p, kStDispatchDone);
-}
-
 // acc[qq] += sum over k < K of w_k * y[row_k][8 c[qq] .. 8 c[qq] + 7] (lane k holds row_k, -1: none,
 // and w_k): kB rows at a time, the loads of all their kN chunks issued before any is used.
 // kZero: the raw rows start as zeros, so that a predicated load can write its own registers (else,
@@ -1106,9 +1007,6 @@ cudaError_t launch_local_dispatch(const CommParams& p, const DispatchIO& io, boo
   if (do_send && do_recv && io.m.dev_m == nullptr) {
     const LocalFusedDispatch f =
         local_fused_dispatch(local_large(p), io.m.host_m, p.topk, p.payload_bytes, shape.blocks * kWarps);
-    if (p.local_fan && local_fan_dispatch(f, io.m.host_m, p.topk, p.num_experts, p.payload_bytes,
-                                          shape.blocks * kWarps, shape.smem_bytes))
-      return launch_after_previous(local_dispatch_fan_kernel, shape, stream, p, io);
     if (f.one_path) {
       using LP = LocalSmallPath;
       auto pick = [&f](auto tiny, auto scan, auto rank) {

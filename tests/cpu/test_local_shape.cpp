@@ -164,33 +164,6 @@ TEST(LocalShape, FusedCallsChooseTheirKernelFromTheirOwnM) {
   EXPECT_EQ(local_shapes(4096, K, E, v3, H, kH200Sms).combine.blocks, kH200Sms);
 }
 
-// The fan dispatch (an A/B build's kernel, kernels::local_fan_dispatch): scan-path calls of top-k
-// <= 8 whose (token, 512-byte piece) units fit one wave, within the launch's shared memory.
-TEST(LocalShape, FanDispatchOnlyWhereItsUnitsFitOneWave) {
-  auto fan = [](int M, int m, int K, int E, int pb) {
-    const LocalShapes s = local_shapes(M, K, E, pb, pb, kH200Sms);
-    const int warps = s.dispatch.blocks * kernels::kWarpsPerBlock;
-    const auto f = kernels::local_fused_dispatch(M >= kernels::kLocalLargeTokens, m, K, pb, warps);
-    return kernels::local_fan_dispatch(f, m, K, E, pb, warps, s.dispatch.smem_bytes);
-  };
-  EXPECT_TRUE(fan(128, 128, 8, 256, 7168));    // 128 x 14 = 1792 units <= 2112 warps
-  EXPECT_TRUE(fan(150, 150, 8, 256, 7168));    // 2100
-  EXPECT_FALSE(fan(151, 151, 8, 256, 7168));   // 2114
-  EXPECT_FALSE(fan(1, 1, 8, 256, 7168));       // the one-warp path
-  EXPECT_TRUE(fan(5, 5, 8, 256, 7168));        // 40 entries: the scan path
-  EXPECT_TRUE(fan(256, 256, 6, 64, 2048));     // V2-Lite: 1024 units
-  EXPECT_FALSE(fan(256, 256, 8, 256, 7168));   // the block ranking
-  EXPECT_FALSE(fan(128, 128, 16, 256, 7168));  // top-16
-  EXPECT_TRUE(fan(4096, 128, 8, 256, 7168));   // a large object's decode call
-  // The table (one byte per expert per warp) must fit the launch's shared memory.
-  EXPECT_EQ(kernels::local_fan_smem_bytes(256),
-            kernels::local_count_smem_ints(256) * sizeof(int) + kernels::kWarpsPerBlock * 256);
-  EXPECT_EQ(kernels::local_fan_table_bytes(6), 16);
-  const auto f = kernels::local_fused_dispatch(false, 128, 8, 7168, 2112);
-  EXPECT_FALSE(kernels::local_fan_dispatch(f, 128, 8, 256, 7168, 2112, kernels::local_fan_smem_bytes(256) - 1));
-  EXPECT_TRUE(kernels::local_fan_dispatch(f, 128, 8, 256, 7168, 2112, kernels::local_fan_smem_bytes(256)));
-}
-
 // The scan path's 16-byte loads (local.cu, lane_matches_below): for every start offset and scan
 // length, head + whole vectors + tail cover exactly the words below i, the vectors start on a
 // 16-byte boundary, and head and tail fit the lanes that take them (fewer than `per` each).
