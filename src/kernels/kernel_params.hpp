@@ -213,6 +213,13 @@ constexpr ScanSplit scan_split(int i, int mis, int per) {
 }
 inline constexpr int kLocalRankCounters = 8192;
 inline constexpr int kLocalSmallPieceChunks = 1, kLocalLargePieceChunks = 4;
+// The one-path scan dispatch also takes a 4 KB piece (local_fused_piece_chunks) when only that
+// piece puts a call's units in one wave: V3 (7168-byte rows, K = 8) from 65 to 132 tokens on 132
+// SMs, whose 2 KB units take two rounds of scan + store per warp.
+#ifndef EPKIT_LOCAL_WIDE_PIECE  // A/B builds only (EPKIT_AB_FLAGS)
+#define EPKIT_LOCAL_WIDE_PIECE 1
+#endif
+inline constexpr int kLocalWidePieceChunks = 8;
 constexpr int local_rank_warps(int num_experts) {
   return kLocalRankCounters / num_experts < 1 ? 1
          : kLocalRankCounters / num_experts > kWarpsPerBlock ? kWarpsPerBlock
@@ -238,11 +245,27 @@ struct LocalFusedDispatch {
   LocalSmallPath path;
   int piece_chunks;
 };
+// The piece of a one-path call: local_call_piece_chunks, or the 4 KB piece where the 2 KB units
+// take more than one wave and the 4 KB ones fit in one.
+constexpr int local_fused_piece_chunks(int m, int topk, int payload_bytes, int warps) {
+  const int pc = local_call_piece_chunks(m, topk, payload_bytes, warps);
+  const auto units = [&](int chunks) { return static_cast<int64_t>(m) * topk * local_pieces_per_row(payload_bytes, chunks); };
+  return EPKIT_LOCAL_WIDE_PIECE && pc == kLocalLargePieceChunks && units(pc) > warps &&
+                 units(kLocalWidePieceChunks) <= warps
+             ? kLocalWidePieceChunks
+             : pc;
+}
 constexpr LocalFusedDispatch local_fused_dispatch(bool large_object, int m, int topk, int payload_bytes, int warps) {
   if (m >= kLocalLargeTokens) return {false, LocalSmallPath::kRank, 0};
-  const int pc = local_call_piece_chunks(m, topk, payload_bytes, warps);
+  int pc = local_fused_piece_chunks(m, topk, payload_bytes, warps);
   const int n = m * topk;
-  const LocalSmallPath path = local_small_path(n, n * local_pieces_per_row(payload_bytes, pc), warps);
+  LocalSmallPath path = local_small_path(n, n * local_pieces_per_row(payload_bytes, pc), warps);
+  // The 4 KB piece is compiled for the scan path only (one wave of n <= warps entries ranks there
+  // on every GPU of up to kLocalScanWork warps); elsewhere the 2 KB piece.
+  if (pc == kLocalWidePieceChunks && path != LocalSmallPath::kScan) {
+    pc = kLocalLargePieceChunks;
+    path = local_small_path(n, n * local_pieces_per_row(payload_bytes, pc), warps);
+  }
   // The block ranking keeps an (expert, rank) pair per entry of the object's largest call in shared
   // memory, which a large object's launch does not have: its calls that rank in blocks stay general.
   if (large_object && path == LocalSmallPath::kRank) return {false, path, 0};

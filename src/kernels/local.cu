@@ -1012,12 +1012,14 @@ cudaError_t launch_local_dispatch(const CommParams& p, const DispatchIO& io, boo
       auto pick = [&f](auto tiny, auto scan, auto rank) {
         return f.path == LP::kTiny ? tiny : f.path == LP::kScan ? scan : rank;
       };
-      constexpr int kS = kLocalSmallPieceChunks, kL = kLocalLargePieceChunks;
-      auto kernel = f.piece_chunks == kS
-                        ? pick(local_dispatch_path_kernel<kS, LP::kTiny>, local_dispatch_path_kernel<kS, LP::kScan>,
-                               local_dispatch_path_kernel<kS, LP::kRank>)
-                        : pick(local_dispatch_path_kernel<kL, LP::kTiny>, local_dispatch_path_kernel<kL, LP::kScan>,
-                               local_dispatch_path_kernel<kL, LP::kRank>);
+      constexpr int kS = kLocalSmallPieceChunks, kL = kLocalLargePieceChunks, kW = kLocalWidePieceChunks;
+      auto kernel = f.piece_chunks == kW   ? local_dispatch_path_kernel<kW, LP::kScan>  // scan only
+                    : f.piece_chunks == kS ? pick(local_dispatch_path_kernel<kS, LP::kTiny>,
+                                                  local_dispatch_path_kernel<kS, LP::kScan>,
+                                                  local_dispatch_path_kernel<kS, LP::kRank>)
+                                           : pick(local_dispatch_path_kernel<kL, LP::kTiny>,
+                                                  local_dispatch_path_kernel<kL, LP::kScan>,
+                                                  local_dispatch_path_kernel<kL, LP::kRank>);
       return launch_after_previous(kernel, shape, stream, p, io);
     }
   }

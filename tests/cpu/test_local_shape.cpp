@@ -123,9 +123,23 @@ TEST(LocalShape, FusedCallsChooseTheirKernelFromTheirOwnM) {
   f = dispatch(4096, 18);
   EXPECT_EQ(f.path, LocalSmallPath::kScan);
   EXPECT_EQ(f.piece_chunks, kernels::kLocalSmallPieceChunks);  // 2016 units <= 2112 warps
-  f = dispatch(4096, 128);
+  f = dispatch(4096, 64);  // 2048 units of 2 KB: one wave
+  EXPECT_EQ(f.path, LocalSmallPath::kScan);
+  EXPECT_EQ(f.piece_chunks, kernels::kLocalLargePieceChunks);
+  f = dispatch(4096, 128);  // 4096 units of 2 KB take two rounds; 2048 of 4 KB take one
   EXPECT_TRUE(f.one_path);
   EXPECT_EQ(f.path, LocalSmallPath::kScan);
+  EXPECT_EQ(f.piece_chunks, EPKIT_LOCAL_WIDE_PIECE ? kernels::kLocalWidePieceChunks : kernels::kLocalLargePieceChunks);
+  EXPECT_EQ(dispatch(4096, 132).piece_chunks,  // 2112 units of 4 KB
+            EPKIT_LOCAL_WIDE_PIECE ? kernels::kLocalWidePieceChunks : kernels::kLocalLargePieceChunks);
+  EXPECT_EQ(dispatch(4096, 133).piece_chunks, kernels::kLocalLargePieceChunks);  // two rounds either way
+  // V2-Lite's 2 KB rows are one 2 KB piece: the 4 KB piece would not cut its units.
+  EXPECT_EQ(kernels::local_fused_dispatch(false, 128, 6, 2048, kH200Sms * kernels::kWarpsPerBlock).piece_chunks,
+            kernels::kLocalLargePieceChunks);
+  // The 4 KB piece is compiled for the scan path only: a one-wave call of more than kLocalScanWork
+  // entries (a grid of 8192 warps, 511 tokens of top-10 4 KB rows) ranks in blocks, with 2 KB pieces.
+  f = kernels::local_fused_dispatch(false, 511, 10, 4096, 8192);
+  EXPECT_EQ(f.path, LocalSmallPath::kRank);
   EXPECT_EQ(f.piece_chunks, kernels::kLocalLargePieceChunks);
   // The block ranking needs shared memory for the object's largest call, which a large object's
   // launch does not have; 512 tokens and more are the large path's.
@@ -142,8 +156,8 @@ TEST(LocalShape, FusedCallsChooseTheirKernelFromTheirOwnM) {
   EXPECT_TRUE(f.one_path);
   EXPECT_EQ(f.path, LocalSmallPath::kRank);
   EXPECT_EQ(f.piece_chunks, kernels::kLocalLargePieceChunks);
-  // With M = m (the benchmark) the call's piece is the object's.
-  for (int m : {1, 4, 18, 19, 32, 128, 256, 511})
+  // With M = m (the benchmark) the call's piece is the object's, but for the 4 KB piece.
+  for (int m : {1, 4, 18, 19, 32, 64, 133, 256, 511})
     EXPECT_EQ(dispatch(m, m).piece_chunks, local_shapes(m, K, E, v3, H, kH200Sms).piece_chunks) << m;
   // A grid of 6 blocks (AllToAllConfig::num_sms): 1 token's 112 small units need 7.
   EXPECT_EQ(kernels::local_fused_dispatch(false, 1, K, v3, 6 * kernels::kWarpsPerBlock).piece_chunks,
