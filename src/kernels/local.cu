@@ -360,10 +360,31 @@ __device__ void local_dispatch_tiny(const CommParams& p, const DispatchIO& io, i
 #define EPKIT_LOCAL_SCAN_VECS 8
 #endif
 constexpr int kScanVecs = EPKIT_LOCAL_SCAN_VECS;
+// Scans of fewer than kScanVecMin words load one word per lane at a time instead (kScanBatch per
+// lane in flight): A/B builds only while it is measured (EPKIT_AB_FLAGS); 0 keeps every scan on
+// 16-byte loads.
+#ifndef EPKIT_LOCAL_SCAN_VEC_MIN
+#define EPKIT_LOCAL_SCAN_VEC_MIN 0
+#endif
+constexpr int kScanVecMin = EPKIT_LOCAL_SCAN_VEC_MIN, kScanBatch = 8;
 // This lane's count of the words ix[j] == key, j < i. W: the index word type (long long for int64
 // indices; unsigned for int32 and uint32, compared as the 32-bit pattern); ix is W-aligned.
 template <typename W>
 __device__ __forceinline__ int lane_matches_below(const W* ix, int i, W key, int lane) {
+  if (kScanVecMin > 0 && i < kScanVecMin) {  // i is warp-uniform
+    int mine = 0;
+    for (int j0 = 0; j0 < i; j0 += kScanBatch * kWarpSize) {
+      W v[kScanBatch];
+#pragma unroll
+      for (int b = 0; b < kScanBatch; ++b) {
+        const int j = j0 + b * kWarpSize + lane;
+        v[b] = j < i ? __ldg(ix + j) : static_cast<W>(-1);  // all ones: never a valid expert
+      }
+#pragma unroll
+      for (int b = 0; b < kScanBatch; ++b) mine += v[b] == key;
+    }
+    return mine;
+  }
   constexpr int kPer = 16 / static_cast<int>(sizeof(W));  // words per vector
   // head: words before the first 16-byte boundary (< kPer); then nv whole vectors; then the tail.
   const int mis = static_cast<int>(reinterpret_cast<uintptr_t>(ix) % 16) / static_cast<int>(sizeof(W));
