@@ -32,10 +32,7 @@ size_t local_dispatch_smem_bytes(int num_experts, int topk, int max_tokens) {
 }
 
 int local_piece_chunks(int max_tokens, int topk, int payload_bytes, int max_blocks) {
-  const int64_t small_units = static_cast<int64_t>(max_tokens) * topk *
-                              kernels::local_pieces_per_row(payload_bytes, kernels::kLocalSmallPieceChunks);
-  return small_units <= static_cast<int64_t>(max_blocks) * kWarps ? kernels::kLocalSmallPieceChunks
-                                                                  : kernels::kLocalLargePieceChunks;
+  return kernels::local_call_piece_chunks(max_tokens, topk, payload_bytes, max_blocks * kWarps);
 }
 
 LocalShapes local_shapes(int max_tokens, int topk, int num_experts, int payload_bytes, int hidden, int max_blocks) {

@@ -391,7 +391,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 template <typename Tin, typename Tout>
 cudaError_t launch_typed(const CommParams& p, const CombineIO& io, bool s, bool r, const LaunchShape& sh,
                          cudaStream_t st) {
-  auto kernel = large_capable(p) ? combine_kernel<Tin, Tout, true> : combine_kernel<Tin, Tout, false>;
+  auto kernel = large_variant(p, io.m) ? combine_kernel<Tin, Tout, true> : combine_kernel<Tin, Tout, false>;
   return launch_after_previous(kernel, sh, st, p, io, s, r);
 }
 

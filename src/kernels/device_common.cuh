@@ -245,10 +245,7 @@ __device__ __forceinline__ int read_expert(const CommParams& p, const void* idx,
 }
 
 // Tokens this rank sends from its DP group: t = u * D + i for i = rank % D.
-__device__ __forceinline__ int num_own_tokens(const CommParams& p, int m) {
-  const int i = p.rank % p.dp_size;
-  return m > i ? (m - i + p.dp_size - 1) / p.dp_size : 0;
-}
+__device__ __forceinline__ int num_own_tokens(const CommParams& p, int m) { return own_tokens(m, p.rank, p.dp_size); }
 
 // Received messages are numbered source by source: the source of message q is the last s with
 // msg_off[s] <= q (msg_off is the prefix of per-source message counts, W + 1 entries).

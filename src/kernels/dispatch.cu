@@ -541,7 +541,7 @@ int dispatch_units(int world_size, int max_msgs_per_src, int slices) {
 
 cudaError_t launch_dispatch(const CommParams& p, const DispatchIO& io, bool do_send, bool do_recv,
                             const LaunchShape& shape, cudaStream_t stream) {
-  auto kernel = large_capable(p) ? dispatch_kernel<true> : dispatch_kernel<false>;
+  auto kernel = large_variant(p, io.m) ? dispatch_kernel<true> : dispatch_kernel<false>;
   return launch_after_previous(kernel, shape, stream, p, io, do_send, do_recv);
 }
 

@@ -143,12 +143,26 @@ struct CombineIO {
 // launches the large variant only for objects whose ceil(M / D) reaches this.
 inline constexpr int kLargeCallTokens = 1024;
 inline bool large_capable(const CommParams& p) { return p.max_msgs_per_src >= kLargeCallTokens; }
+// Tokens a rank sends of its DP group's m (tokens t = u * D + rank % D), on the host and the device.
+constexpr int own_tokens(int m, int rank, int dp_size) {
+  return m > rank % dp_size ? (m - rank % dp_size + dp_size - 1) / dp_size : 0;
+}
+// The large variant for this call (dispatch.cu, combine.cu): an object that can take the large-call
+// paths, and a call that may: m on the device, or own tokens of a host m at least kLargeCallTokens.
+// A smaller host-m call runs the small variant: the same work, since dispatch takes its large-call
+// paths only from kLargeCallTokens own tokens and combine's large variant changes only the order of
+// its messages and the batching of its flags, so an object sized for prefill does not pay the large
+// variants' fixed cost at decode (measured at EP2 when they were split: dispatch +1.6 us, combine
+// +0.6 at 1 token, docs/perf-notes/2026-11-30-prefill.md).
+inline bool large_variant(const CommParams& p, const TokenCount& m) {
+  return large_capable(p) && (m.dev_m != nullptr || own_tokens(m.host_m, p.rank, p.dp_size) >= kLargeCallTokens);
+}
 
 // World size 1 (local.cu): objects whose M reaches this count each block's own chunk of tokens and
 // share per-expert counters (one grid-wide step for the packed layout) instead of every block
 // counting every token. Not measured: at 512 tokens x top-8 the redundant count is 8 loads per thread.
 inline constexpr int kLocalLargeTokens = 512;
-inline bool local_large(const CommParams& p) { return p.max_tokens >= kLocalLargeTokens; }
+constexpr bool local_large(const CommParams& p) { return p.max_tokens >= kLocalLargeTokens; }  // host and device
 
 // Block shape every kernel is compiled for (device_common.cuh uses the same numbers).
 inline constexpr int kThreadsPerBlock = 512;
@@ -185,8 +199,27 @@ constexpr LocalSmallPath local_small_path(int n, int units, int warps) {
 constexpr int local_combine_units(int hidden, int chunks_per_lane) {
   return (hidden / 8 + 32 * chunks_per_lane - 1) / (32 * chunks_per_lane);
 }
+// The scan path's split of the index words j < i (local.cu, lane_matches_below) for 16-byte loads:
+// `head` words up to the first 16-byte boundary (the array starts mis words past one; words of
+// 16 / per bytes, per words per vector), then nv whole vectors, then the tail words tail0 .. i - 1.
+// Head and tail each hold fewer than `per` words, one per lane.
+struct ScanSplit {
+  int head, nv, tail0;
+};
+constexpr ScanSplit scan_split(int i, int mis, int per) {
+  const int head = (per - mis) % per < i ? (per - mis) % per : i;
+  const int nv = (i - head) / per;
+  return {head, nv, head + nv * per};
+}
 inline constexpr int kLocalRankCounters = 8192;
 inline constexpr int kLocalSmallPieceChunks = 1, kLocalLargePieceChunks = 4;
+// The one-path scan dispatch also takes a 4 KB piece (local_fused_piece_chunks) when only that
+// piece puts a call's units in one wave: V3 (7168-byte rows, K = 8) from 65 to 132 tokens on 132
+// SMs, whose 2 KB units take two rounds of scan + store per warp.
+#ifndef EPKIT_LOCAL_WIDE_PIECE  // A/B builds only (EPKIT_AB_FLAGS)
+#define EPKIT_LOCAL_WIDE_PIECE 1
+#endif
+inline constexpr int kLocalWidePieceChunks = 8;
 constexpr int local_rank_warps(int num_experts) {
   return kLocalRankCounters / num_experts < 1 ? 1
          : kLocalRankCounters / num_experts > kWarpsPerBlock ? kWarpsPerBlock
@@ -194,6 +227,57 @@ constexpr int local_rank_warps(int num_experts) {
 }
 constexpr int local_pieces_per_row(int payload_bytes, int piece_chunks) {
   return (payload_bytes + 512 * piece_chunks - 1) / (512 * piece_chunks);
+}
+// The small dispatch's piece for a call of m tokens on a grid of `warps` warps: the 512-byte piece
+// when all of its (token, piece, k) units fit in one wave, else the 2 KB one (fewer, longer units:
+// measured faster at 128 tokens). host::local_piece_chunks applies it to an object's largest call.
+constexpr int local_call_piece_chunks(int m, int topk, int payload_bytes, int warps) {
+  return static_cast<int64_t>(m) * topk * local_pieces_per_row(payload_bytes, kLocalSmallPieceChunks) <= warps
+             ? kLocalSmallPieceChunks
+             : kLocalLargePieceChunks;
+}
+// Fused W = 1 calls whose m is given on the host (local.cu's launchers): the one-path dispatch and
+// the one-wave combine are chosen from the call's own m and the launch grid, not from the object's
+// largest call, so that an object sized for an engine's largest batch (M of 4096, a large object)
+// runs its decode calls on the decode kernels. one_path false: the object's general kernel.
+struct LocalFusedDispatch {
+  bool one_path;
+  LocalSmallPath path;
+  int piece_chunks;
+};
+// The piece of a one-path call: local_call_piece_chunks, or the 4 KB piece where the 2 KB units
+// take more than one wave and the 4 KB ones fit in one.
+constexpr int local_fused_piece_chunks(int m, int topk, int payload_bytes, int warps) {
+  const int pc = local_call_piece_chunks(m, topk, payload_bytes, warps);
+  const auto units = [&](int chunks) { return static_cast<int64_t>(m) * topk * local_pieces_per_row(payload_bytes, chunks); };
+  return EPKIT_LOCAL_WIDE_PIECE && pc == kLocalLargePieceChunks && units(pc) > warps &&
+                 units(kLocalWidePieceChunks) <= warps
+             ? kLocalWidePieceChunks
+             : pc;
+}
+constexpr LocalFusedDispatch local_fused_dispatch(bool large_object, int m, int topk, int payload_bytes, int warps) {
+  if (m >= kLocalLargeTokens) return {false, LocalSmallPath::kRank, 0};
+  int pc = local_fused_piece_chunks(m, topk, payload_bytes, warps);
+  const int n = m * topk;
+  LocalSmallPath path = local_small_path(n, n * local_pieces_per_row(payload_bytes, pc), warps);
+  // The 4 KB piece is compiled for the scan path only (one wave of n <= warps entries ranks there
+  // on every GPU of up to kLocalScanWork warps); elsewhere the 2 KB piece.
+  if (pc == kLocalWidePieceChunks && path != LocalSmallPath::kScan) {
+    pc = kLocalLargePieceChunks;
+    path = local_small_path(n, n * local_pieces_per_row(payload_bytes, pc), warps);
+  }
+  // The block ranking keeps an (expert, rank) pair per entry of the object's largest call in shared
+  // memory, which a large object's launch does not have: its calls that rank in blocks stay general.
+  if (large_object && path == LocalSmallPath::kRank) return {false, path, 0};
+  return {true, path, pc};
+}
+// The one-wave combine's 16-byte chunks per lane for a fused host-m call (1: 256-element units, 2:
+// 512-element units for calls whose 256-element units would take two waves), 0: the general kernel.
+constexpr int local_fused_combine_chunks(int m, int hidden, int warps, bool two_chunks) {
+  if (m >= kLocalLargeTokens) return 0;
+  if (static_cast<int64_t>(m) * local_combine_units(hidden, 1) <= warps) return 1;
+  if (two_chunks && static_cast<int64_t>(m) * local_combine_units(hidden, 2) <= warps) return 2;
+  return 0;
 }
 // The small dispatch's shared memory, in ints: the counts (E), the packed first rows (E + 1), the
 // prefix scratch (kWarpsPerBlock), then the path's own arrays.

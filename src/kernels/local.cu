@@ -48,6 +48,9 @@ constexpr int kScaleRegs = 4;     // scales per lane held in registers (128 per 
 #ifndef EPKIT_LOCAL_SPECIALIZE
 #define EPKIT_LOCAL_SPECIALIZE 1
 #endif
+#ifndef EPKIT_LOCAL_WAVE2  // A/B: the two-chunk one-wave combine (local_combine_wave_kernel<.., 2>)
+#define EPKIT_LOCAL_WAVE2 1
+#endif
 constexpr int kRowBatch = 8;      // small combine: expert rows whose loads a warp keeps in flight together
 // Large combine: rows whose four 512-byte pieces (a unit's 1024 elements) a warp loads together.
 // Two rows of four pieces measured faster at 4096 tokens than eight rows of one piece (V3 combine
@@ -346,25 +349,69 @@ __device__ void local_dispatch_tiny(const CommParams& p, const DispatchIO& io, i
 }
 
 // Rank of entry i (expert e >= 0; i and e warp-uniform) among the entries j < i of expert e, counted
-// by the whole warp: lane l compares entries l, l + 32, ..., kScanBatch of them loaded at a time, and
-// one reduction sums the lanes. The raw index words are compared with e, which matches exactly the
-// entries read_expert maps to e (every other value, -1 and out-of-range ones included, differs).
-// Each warp of a block reads the same few KB of indices, so after the first they come from L1.
-constexpr int kScanBatch = 8;
-// This lane's count of the words ix[j] == key, j < i, j = lane (mod 32). W: the index word type
-// (long long for int64 indices; unsigned for int32 and uint32, compared as the 32-bit pattern).
+// by the whole warp; scans of kScanVecMin words or more in 16-byte loads: lane l compares the index words of vectors l, l + 32, ...,
+// kScanVecs of them loaded at a time (one round for i <= 1024 int32 or 512 int64 entries), plus
+// the few words before the first 16-byte boundary and after the last whole vector below i (one
+// scalar load per lane, issued with the first round). One reduction sums the lanes. The raw index
+// words are compared with e, which matches exactly the entries read_expert maps to e (every other
+// value, -1 and out-of-range ones included, differs). Each warp of a block reads the same few KB of
+// indices, so after the first they come from L1.
+#ifndef EPKIT_LOCAL_SCAN_VECS  // A/B builds only (EPKIT_AB_FLAGS)
+#define EPKIT_LOCAL_SCAN_VECS 8
+#endif
+constexpr int kScanVecs = EPKIT_LOCAL_SCAN_VECS;
+// Scans of fewer than kScanVecMin words load one word per lane at a time instead (kScanBatch per
+// lane in flight, the same round count up to 256 words): measured on one H200 (session 12, call 3,
+// 3 rounds) the vector scans lost 0.4-0.6 us per pair against scalar ones at V3 32 to 128 tokens
+// and V2-Lite 32 to 64 (the 128-token V3 call 16.1 against 15.7), and the split at 640 was as fast as
+// all-scalar everywhere (within 0.1 us) and 0.5 us faster at V3 192 tokens. (EPKIT_AB_FLAGS may set it: 0 = every
+// scan on 16-byte loads.)
+#ifndef EPKIT_LOCAL_SCAN_VEC_MIN
+#define EPKIT_LOCAL_SCAN_VEC_MIN 640
+#endif
+constexpr int kScanVecMin = EPKIT_LOCAL_SCAN_VEC_MIN, kScanBatch = 8;
+// This lane's count of the words ix[j] == key, j < i. W: the index word type (long long for int64
+// indices; unsigned for int32 and uint32, compared as the 32-bit pattern); ix is W-aligned.
 template <typename W>
 __device__ __forceinline__ int lane_matches_below(const W* ix, int i, W key, int lane) {
-  int mine = 0;
-  for (int j0 = 0; j0 < i; j0 += kScanBatch * kWarpSize) {
-    W v[kScanBatch];
+  if (kScanVecMin > 0 && i < kScanVecMin) {  // i is warp-uniform
+    int mine = 0;
+    for (int j0 = 0; j0 < i; j0 += kScanBatch * kWarpSize) {
+      W v[kScanBatch];
 #pragma unroll
-    for (int b = 0; b < kScanBatch; ++b) {
-      const int j = j0 + b * kWarpSize + lane;
-      v[b] = j < i ? __ldg(ix + j) : static_cast<W>(-1);  // -1 / 0xffffffff: never a valid expert
+      for (int b = 0; b < kScanBatch; ++b) {
+        const int j = j0 + b * kWarpSize + lane;
+        v[b] = j < i ? __ldg(ix + j) : static_cast<W>(-1);  // all ones: never a valid expert
+      }
+#pragma unroll
+      for (int b = 0; b < kScanBatch; ++b) mine += v[b] == key;
+    }
+    return mine;
+  }
+  constexpr int kPer = 16 / static_cast<int>(sizeof(W));  // words per vector
+  // head: words before the first 16-byte boundary (< kPer); then nv whole vectors; then the tail.
+  const int mis = static_cast<int>(reinterpret_cast<uintptr_t>(ix) % 16) / static_cast<int>(sizeof(W));
+  const ScanSplit sp = scan_split(i, mis, kPer);
+  const int head = sp.head, nv = sp.nv, tail0 = sp.tail0;  // the tail: words tail0 .. i - 1
+  // Lanes 0 .. kPer - 1 take the head's words, lanes kPer .. 2 kPer - 1 the tail's.
+  const int js = lane < kPer ? lane : tail0 + lane - kPer;
+  const bool have = lane < kPer ? lane < head : lane < 2 * kPer && js < i;
+  int mine = have && __ldg(ix + js) == key;
+  const uint4* v4 = reinterpret_cast<const uint4*>(ix + head);
+  for (int v0 = 0; v0 < nv; v0 += kScanVecs * kWarpSize) {
+    uint4 v[kScanVecs];
+#pragma unroll
+    for (int b = 0; b < kScanVecs; ++b) {
+      const int j = v0 + b * kWarpSize + lane;
+      v[b] = j < nv ? __ldg(v4 + j) : make_uint4(~0u, ~0u, ~0u, ~0u);  // all ones: never a valid expert
     }
 #pragma unroll
-    for (int b = 0; b < kScanBatch; ++b) mine += v[b] == key;
+    for (int b = 0; b < kScanVecs; ++b) {
+      W w[kPer];
+      memcpy(w, &v[b], 16);
+#pragma unroll
+      for (int x = 0; x < kPer; ++x) mine += w[x] == key;
+    }
   }
   return mine;
 }
@@ -438,17 +485,22 @@ __device__ void local_dispatch_scan(const CommParams& p, const DispatchIO& io, i
 // call spreads its K rows over many warps and several SMs instead of one warp per slice storing all K;
 // each warp loads its next unit before it stores the current one. Split: one warp per (t, slice)
 // stages the message to self.
-template <int U>
-__device__ void local_dispatch_small(const CommParams& p, const DispatchIO& io, int* smem, bool fused) {
+// kRankOnly: a fused call known on the host to take the block ranking (local_dispatch_path_kernel):
+// the tiny and scan paths and the split half are compiled out.
+template <int U, bool kRankOnly = false>
+__device__ void local_dispatch_small(const CommParams& p, const DispatchIO& io, int* smem, bool fused_arg) {
+  const bool fused = kRankOnly || fused_arg;
   const int E = p.num_experts, K = p.topk, nsd = p.dispatch_slices;
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
   const SmallSmem sm = carve_small(smem, E, p.max_tokens * K);
   const int m = local_send_start(p, io);
   const int n = m * K;
   const PieceUnits<U> pu(p, m);  // fused; the split half's units (t, slice) take the same warps
-  const LocalSmallPath path = fused ? local_small_path(n, pu.units, pu.gstride) : LocalSmallPath::kRank;
-  if (path == LocalSmallPath::kTiny) return local_dispatch_tiny<U>(p, io, smem, m, pu);
-  if (path == LocalSmallPath::kScan) return local_dispatch_scan<U>(p, io, smem, m, pu);
+  if constexpr (!kRankOnly) {
+    const LocalSmallPath path = fused ? local_small_path(n, pu.units, pu.gstride) : LocalSmallPath::kRank;
+    if (path == LocalSmallPath::kTiny) return local_dispatch_tiny<U>(p, io, smem, m, pu);
+    if (path == LocalSmallPath::kScan) return local_dispatch_scan<U>(p, io, smem, m, pu);
+  }
   const int units = fused ? pu.units : m * nsd;
   const int gw = pu.gw, gstride = pu.gstride;
 
@@ -768,33 +820,46 @@ __global__ void __launch_bounds__(kThreads, 1)
   EPKIT_STAGE(p, kStDispatchDone);
 }
 
-// Fused small dispatches of a host-given m, one path per kernel (the host picks it as
-// local_dispatch_small would on the device): the one-warp ranking (kTiny, m * K <= 32) or the
-// per-warp scans. The kernel then holds only that path's instructions, not the block ranking, the
-// split halves and the other path as well.
-template <int U, bool kTiny>
+// Fused small dispatches of a host-given m, one path per kernel (the host picks it with
+// local_small_path, as local_dispatch_small does on the device): the one-warp ranking (kTiny,
+// m * K <= 32), the per-warp scans (kScan) or the block ranking (kRank). The kernel then holds only
+// that path's instructions, not the other paths and the split halves as well.
+template <int U, LocalSmallPath kPath>
 __global__ void __launch_bounds__(kThreads, 1)
     local_dispatch_path_kernel(const __grid_constant__ CommParams p, const __grid_constant__ DispatchIO io) {
   extern __shared__ int smem[];
   wait_previous_kernel();
-  const int m = local_send_start(p, io);
-  const PieceUnits<U> pu(p, m);
-  if constexpr (kTiny) {
-    local_dispatch_tiny<U>(p, io, smem, m, pu);
+  if constexpr (kPath == LocalSmallPath::kRank) {
+    local_dispatch_small<U, true>(p, io, smem, true);
   } else {
-    local_dispatch_scan<U>(p, io, smem, m, pu);
+    const int m = local_send_start(p, io);
+    const PieceUnits<U> pu(p, m);
+    if constexpr (kPath == LocalSmallPath::kTiny) {
+      local_dispatch_tiny<U>(p, io, smem, m, pu);
+    } else {
+      local_dispatch_scan<U>(p, io, smem, m, pu);
+    }
   }
   EPKIT_STAGE(p, kStDispatchDone);
 }
 
 // acc[qq] += sum over k < K of w_k * y[row_k][8 c[qq] .. 8 c[qq] + 7] (lane k holds row_k, -1: none,
 // and w_k): kB rows at a time, the loads of all their kN chunks issued before any is used.
-template <int kB, int kN, typename Tin>
+// kZero: the raw rows start as zeros, so that a predicated load can write its own registers (else,
+// short of registers, the compiler loaded into one scratch and copied out, waiting for each load
+// before issuing the next: measured in the SASS of the two-chunk one-wave combine).
+template <int kB, int kN, typename Tin, bool kZero = false>
 __device__ __forceinline__ void sum_rows(const Tin* y, int H, int K, int row, float wk, const int* c, int chunks,
                                          float (*acc)[8]) {
 #pragma unroll 1
   for (int kb = 0; kb < K; kb += kB) {
     RawRow<Tin> r[kB][kN];
+    if constexpr (kZero) {
+#pragma unroll
+      for (int j = 0; j < kB; ++j)
+#pragma unroll
+        for (int qq = 0; qq < kN; ++qq) r[j][qq].zero();
+    }
     float w[kB];
     bool have[kB];
 #pragma unroll
@@ -832,7 +897,9 @@ __device__ void local_combine_sum(const CommParams& p, const CombineIO& io, int 
   // read by as many SMs as there are units, not by the first blocks' 16 warps each (the bytes one
   // SM can pull from L2 set the time there). Large objects keep contiguous units per block.
   const int warp = threadIdx.x / kWarpSize;
-  const int q0 = kChunks == 1 ? warp * gridDim.x + blockIdx.x : blockIdx.x * kWarps + warp;
+  // One-wave kernels spread their units the same way.
+  constexpr bool kSpread = kChunks == 1 || kOneWave;
+  const int q0 = kSpread ? warp * gridDim.x + blockIdx.x : blockIdx.x * kWarps + warp;
   // Small objects: when one unit per warp would take more than one wave of the grid, a warp sums g
   // consecutive units of one token, one after the other, so that it loads the token's map row once
   // instead of once per wave (each map load is a round trip before any row can be read).
@@ -867,7 +934,8 @@ __device__ void local_combine_sum(const CommParams& p, const CombineIO& io, int 
       for (int qq = 0; qq < kChunks; ++qq)
 #pragma unroll
         for (int i = 0; i < 8; ++i) acc[qq][i] = 0.f;
-      sum_rows<kLargeRowBatch, kChunks>(y, H, K, row, wk, c, chunks, acc);
+      // One wave (kChunks == 2): all K rows of both chunks in flight at once, as kChunks == 1 has one's.
+      sum_rows<kOneWave ? kRowBatch : kLargeRowBatch, kChunks, Tin, kOneWave>(y, H, K, row, wk, c, chunks, acc);
 #pragma unroll
       for (int qq = 0; qq < kChunks; ++qq)
         if (c[qq] < chunks) st16(out + static_cast<size_t>(t) * H + static_cast<size_t>(c[qq]) * 8, Vec8<Tout>::pack(acc[qq]));
@@ -909,13 +977,20 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 
 // Fused small combines of a host-given m whose units fit one wave of the grid (one unit per warp):
-// the kernel holds only that loop (see local_dispatch_path_kernel).
-template <typename Tin, typename Tout>
+// the kernel holds only that loop (see local_dispatch_path_kernel). kChunks 2: units of 512
+// elements, for calls whose 256-element units would take two waves (V3 at 128 tokens: 3584 units
+// against 2112 warps; 1792 of 512), so that every warp loads all its rows in one round instead of
+// two rounds one after the other.
+template <typename Tin, typename Tout, int kChunks>
 __global__ void __launch_bounds__(kThreads, 1)
     local_combine_wave_kernel(const __grid_constant__ CommParams p, const __grid_constant__ CombineIO io) {
   wait_previous_kernel();
   EPKIT_STAGE(p, kStCombineStart);
-  local_combine_sum<Tin, Tout, 1, true>(p, io, io.m.host_m, static_cast<Tout*>(io.out));
+  // A large object's dispatch of this layer may have taken the large path (device m) and counted
+  // into the per-expert counters, which the layer's combine zeroes (local_combine_kernel).
+  if (local_large(p) && blockIdx.x == 0)
+    for (int e = threadIdx.x; e < p.num_experts; e += blockDim.x) p.local_counts[e] = 0;
+  local_combine_sum<Tin, Tout, kChunks, true>(p, io, io.m.host_m, static_cast<Tout*>(io.out));
   EPKIT_STAGE(p, kStPartialsSent);
   EPKIT_STAGE(p, kStTokensSummed);
 }
@@ -926,10 +1001,11 @@ cudaError_t launch_local_typed(const CommParams& p, const CombineIO& io, bool s,
 #if EPKIT_LOCAL_SPECIALIZE
   // Two-byte inputs only: the fp32 one spills (16 bytes) where the general kernel spills 4.
   if constexpr (sizeof(Tin) == 2) {
-    const int64_t units = local_combine_units(p.hidden, 1);  // per token
-    if (!local_large(p) && s && r && io.m.dev_m == nullptr &&
-        static_cast<int64_t>(io.m.host_m) * units <= static_cast<int64_t>(sh.blocks) * kWarps)
-      return launch_after_previous(local_combine_wave_kernel<Tin, Tout>, sh, st, p, io);
+    if (s && r && io.m.dev_m == nullptr) {
+      const int chunks = local_fused_combine_chunks(io.m.host_m, p.hidden, sh.blocks * kWarps, EPKIT_LOCAL_WAVE2);
+      if (chunks == 1) return launch_after_previous(local_combine_wave_kernel<Tin, Tout, 1>, sh, st, p, io);
+      if (chunks == 2) return launch_after_previous(local_combine_wave_kernel<Tin, Tout, 2>, sh, st, p, io);
+    }
   }
 #endif
   auto kernel = local_large(p) ? local_combine_kernel<Tin, Tout, true> : local_combine_kernel<Tin, Tout, false>;
@@ -952,17 +1028,22 @@ cudaError_t launch_local_out(const CommParams& p, const CombineIO& io, DType in,
 cudaError_t launch_local_dispatch(const CommParams& p, const DispatchIO& io, bool do_send, bool do_recv,
                                   const LaunchShape& shape, cudaStream_t stream) {
 #if EPKIT_LOCAL_SPECIALIZE
-  if (!local_large(p) && do_send && do_recv && io.m.dev_m == nullptr) {
-    const bool small_piece = p.local_piece_chunks == kLocalSmallPieceChunks;
-    const int n = io.m.host_m * p.topk;
-    const int units = n * local_pieces_per_row(p.payload_bytes, p.local_piece_chunks);
-    const LocalSmallPath path = local_small_path(n, units, shape.blocks * kWarps);
-    if (path != LocalSmallPath::kRank) {
-      const bool tiny = path == LocalSmallPath::kTiny;
-      auto kernel = tiny ? (small_piece ? local_dispatch_path_kernel<kLocalSmallPieceChunks, true>
-                                        : local_dispatch_path_kernel<kLocalLargePieceChunks, true>)
-                         : (small_piece ? local_dispatch_path_kernel<kLocalSmallPieceChunks, false>
-                                        : local_dispatch_path_kernel<kLocalLargePieceChunks, false>);
+  if (do_send && do_recv && io.m.dev_m == nullptr) {
+    const LocalFusedDispatch f =
+        local_fused_dispatch(local_large(p), io.m.host_m, p.topk, p.payload_bytes, shape.blocks * kWarps);
+    if (f.one_path) {
+      using LP = LocalSmallPath;
+      auto pick = [&f](auto tiny, auto scan, auto rank) {
+        return f.path == LP::kTiny ? tiny : f.path == LP::kScan ? scan : rank;
+      };
+      constexpr int kS = kLocalSmallPieceChunks, kL = kLocalLargePieceChunks, kW = kLocalWidePieceChunks;
+      auto kernel = f.piece_chunks == kW   ? local_dispatch_path_kernel<kW, LP::kScan>  // scan only
+                    : f.piece_chunks == kS ? pick(local_dispatch_path_kernel<kS, LP::kTiny>,
+                                                  local_dispatch_path_kernel<kS, LP::kScan>,
+                                                  local_dispatch_path_kernel<kS, LP::kRank>)
+                                           : pick(local_dispatch_path_kernel<kL, LP::kTiny>,
+                                                  local_dispatch_path_kernel<kL, LP::kScan>,
+                                                  local_dispatch_path_kernel<kL, LP::kRank>);
       return launch_after_previous(kernel, shape, stream, p, io);
     }
   }

@@ -51,6 +51,7 @@ template <typename T>
 struct RawRow {
   int4 v;
   __device__ void load(const T* p) { v = __ldg(reinterpret_cast<const int4*>(p)); }
+  __device__ void zero() { v = int4{0, 0, 0, 0}; }
   __device__ void unpack(float* f) const { Vec8<T>::unpack(v, f); }
 };
 template <>
@@ -60,6 +61,7 @@ struct RawRow<float> {
     a = __ldg(reinterpret_cast<const float4*>(p));
     b = __ldg(reinterpret_cast<const float4*>(p) + 1);
   }
+  __device__ void zero() { a = b = float4{0.f, 0.f, 0.f, 0.f}; }
   __device__ void unpack(float* f) const {
     f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
   }

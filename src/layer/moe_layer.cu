@@ -72,7 +72,8 @@ struct MoELayer::Impl {
     float* logits = nullptr;
     int32_t* idx = nullptr;
     float* topw = nullptr;
-    int32_t* m_used = nullptr;  // the m the router used, on the device: every later kernel reads it
+    int32_t* m_used = nullptr;  // the m the router used, on the device: later kernels read it (dispatch and
+                                // combine take host_m instead when there is one, set_tokens)
     uint8_t* xq = nullptr;
     float* xs = nullptr;
     uint8_t* ex = nullptr;
@@ -126,6 +127,7 @@ struct MoELayer::Impl {
   void combine(Half& hf, bool send, bool recv, cudaStream_t s);
   void shared(Half& hf, cudaStream_t s);
   void add_shared(Half& hf, cudaStream_t s);
+  static void set_tokens(const Half& hf, int& host_m, const int32_t*& dev_m);
   DispatchArgs dispatch_args(const Half& hf) const;
   CombineArgs combine_args(const Half& hf) const;
   void expect_stage(int h, int want, const char* call);
@@ -283,6 +285,17 @@ void MoELayer::Impl::quant_step(Half& hf, cudaStream_t s) {
   moe::quantize_activations(qa, s);
 }
 
+// m for dispatch and combine: the batch's own when it gave one on the host (the router used exactly
+// that m, m_used holds the same), so that the communication knows the call's size at launch (at
+// W = 1 the one-path decode kernels, kernels::local_fused_dispatch); else the router's m_used.
+void MoELayer::Impl::set_tokens(const Half& hf, int& host_m, const int32_t*& dev_m) {
+  if (hf.host_m >= 0) {
+    host_m = hf.host_m, dev_m = nullptr;
+  } else {
+    host_m = -1, dev_m = hf.m_used;
+  }
+}
+
 DispatchArgs MoELayer::Impl::dispatch_args(const Half& hf) const {
   const int K = cfg.topk, H = cfg.hidden;
   const int64_t rows = hf.x.shape[0];
@@ -290,7 +303,7 @@ DispatchArgs MoELayer::Impl::dispatch_args(const Half& hf) const {
   d.x = Tensor(hf.xq, DType::kFP8E4M3, {rows, H});
   d.x_scale = Tensor(hf.xs, DType::kFP32, {rows, H / 128});
   d.topk_idx = Tensor(hf.idx, DType::kInt32, {rows, K});
-  d.num_tokens_device = hf.m_used;
+  set_tokens(hf, d.num_tokens, d.num_tokens_device);
   d.expert_x = expert_tensor(hf, hf.ex, DType::kFP8E4M3, H);
   d.expert_x_scale = expert_tensor(hf, hf.exs, DType::kFP32, H / 128);
   d.expert_num_tokens = Tensor(hf.cnt, DType::kInt32, {L});
@@ -305,7 +318,7 @@ CombineArgs MoELayer::Impl::combine_args(const Half& hf) const {
   c.expert_y = expert_tensor(hf, hf.ey, DType::kBF16, H);
   c.topk_idx = Tensor(hf.idx, DType::kInt32, {rows, K});
   c.topk_weights = Tensor(hf.topw, DType::kFP32, {rows, K});
-  c.num_tokens_device = hf.m_used;
+  set_tokens(hf, c.num_tokens, c.num_tokens_device);
   c.out = hf.out;
   return c;
 }

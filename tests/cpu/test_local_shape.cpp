@@ -103,6 +103,129 @@ TEST(LocalShape, ScanRankingWhileScansStayShort) {
   EXPECT_EQ(path(511, 6, 64, v2, 2048), LocalSmallPath::kRank);
 }
 
+// Fused calls of host-given m choose their kernel from their own m and the launch grid
+// (kernels::local_fused_dispatch / local_fused_combine_chunks, local.cu's launchers), so that an
+// object sized for a larger batch than the call runs decode calls on the decode kernels.
+TEST(LocalShape, FusedCallsChooseTheirKernelFromTheirOwnM) {
+  using kernels::LocalSmallPath;
+  const int v3 = 7168, K = 8, E = 256, H = 7168;
+  auto dispatch = [&](int M, int m) {
+    const LocalShapes s = local_shapes(M, K, E, v3, H, kH200Sms);
+    return kernels::local_fused_dispatch(M >= kernels::kLocalLargeTokens, m, K, v3,
+                                         s.dispatch.blocks * kernels::kWarpsPerBlock);
+  };
+  // An object sized for an engine's largest batch (large: M >= 512) takes the one-warp and scan
+  // paths for decode calls, each with the piece its own units need.
+  auto f = dispatch(4096, 1);
+  EXPECT_TRUE(f.one_path);
+  EXPECT_EQ(f.path, LocalSmallPath::kTiny);
+  EXPECT_EQ(f.piece_chunks, kernels::kLocalSmallPieceChunks);  // 112 units: one wave of 512 B
+  f = dispatch(4096, 18);
+  EXPECT_EQ(f.path, LocalSmallPath::kScan);
+  EXPECT_EQ(f.piece_chunks, kernels::kLocalSmallPieceChunks);  // 2016 units <= 2112 warps
+  f = dispatch(4096, 64);  // 2048 units of 2 KB: one wave
+  EXPECT_EQ(f.path, LocalSmallPath::kScan);
+  EXPECT_EQ(f.piece_chunks, kernels::kLocalLargePieceChunks);
+  f = dispatch(4096, 128);  // 4096 units of 2 KB take two rounds; 2048 of 4 KB take one
+  EXPECT_TRUE(f.one_path);
+  EXPECT_EQ(f.path, LocalSmallPath::kScan);
+  EXPECT_EQ(f.piece_chunks, EPKIT_LOCAL_WIDE_PIECE ? kernels::kLocalWidePieceChunks : kernels::kLocalLargePieceChunks);
+  EXPECT_EQ(dispatch(4096, 132).piece_chunks,  // 2112 units of 4 KB
+            EPKIT_LOCAL_WIDE_PIECE ? kernels::kLocalWidePieceChunks : kernels::kLocalLargePieceChunks);
+  EXPECT_EQ(dispatch(4096, 133).piece_chunks, kernels::kLocalLargePieceChunks);  // two rounds either way
+  // V2-Lite's 2 KB rows are one 2 KB piece: the 4 KB piece would not cut its units.
+  EXPECT_EQ(kernels::local_fused_dispatch(false, 128, 6, 2048, kH200Sms * kernels::kWarpsPerBlock).piece_chunks,
+            kernels::kLocalLargePieceChunks);
+  // The 4 KB piece is compiled for the scan path only: a one-wave call of more than kLocalScanWork
+  // entries (a grid of 8192 warps, 511 tokens of top-10 4 KB rows) ranks in blocks, with 2 KB pieces.
+  f = kernels::local_fused_dispatch(false, 511, 10, 4096, 8192);
+  EXPECT_EQ(f.path, LocalSmallPath::kRank);
+  EXPECT_EQ(f.piece_chunks, kernels::kLocalLargePieceChunks);
+  // The block ranking needs shared memory for the object's largest call, which a large object's
+  // launch does not have; 512 tokens and more are the large path's.
+  EXPECT_FALSE(dispatch(4096, 256).one_path);
+  EXPECT_FALSE(dispatch(4096, 512).one_path);
+  EXPECT_FALSE(dispatch(600, 4096).one_path);
+  // A small object's 1-token call takes the 512-byte piece even where its largest call takes 2 KB.
+  EXPECT_EQ(local_shapes(256, K, E, v3, H, kH200Sms).piece_chunks, kernels::kLocalLargePieceChunks);
+  f = dispatch(256, 1);
+  EXPECT_TRUE(f.one_path);
+  EXPECT_EQ(f.path, LocalSmallPath::kTiny);
+  EXPECT_EQ(f.piece_chunks, kernels::kLocalSmallPieceChunks);
+  f = dispatch(256, 256);  // small objects rank in blocks with their own kernel too
+  EXPECT_TRUE(f.one_path);
+  EXPECT_EQ(f.path, LocalSmallPath::kRank);
+  EXPECT_EQ(f.piece_chunks, kernels::kLocalLargePieceChunks);
+  // With M = m (the benchmark) the call's piece is the object's, but for the 4 KB piece.
+  for (int m : {1, 4, 18, 19, 32, 64, 133, 256, 511})
+    EXPECT_EQ(dispatch(m, m).piece_chunks, local_shapes(m, K, E, v3, H, kH200Sms).piece_chunks) << m;
+  // A grid of 6 blocks (AllToAllConfig::num_sms): 1 token's 112 small units need 7.
+  EXPECT_EQ(kernels::local_fused_dispatch(false, 1, K, v3, 6 * kernels::kWarpsPerBlock).piece_chunks,
+            kernels::kLocalLargePieceChunks);
+
+  // Combine: 256-element units while one per warp fits one wave (28 per V3 token), then 512-element
+  // units (14 per token) while those fit, then the general kernel.
+  const int warps = kH200Sms * kernels::kWarpsPerBlock;  // 2112
+  EXPECT_EQ(kernels::local_fused_combine_chunks(1, H, warps, true), 1);
+  EXPECT_EQ(kernels::local_fused_combine_chunks(75, H, warps, true), 1);   // 2100 units
+  EXPECT_EQ(kernels::local_fused_combine_chunks(76, H, warps, true), 2);   // 2128 > 2112; 1064
+  EXPECT_EQ(kernels::local_fused_combine_chunks(128, H, warps, true), 2);  // 1792
+  EXPECT_EQ(kernels::local_fused_combine_chunks(128, H, warps, false), 0);
+  EXPECT_EQ(kernels::local_fused_combine_chunks(151, H, warps, true), 0);  // 2114
+  EXPECT_EQ(kernels::local_fused_combine_chunks(128, 2048, warps, true), 1);  // V2-Lite: 1024
+  EXPECT_EQ(kernels::local_fused_combine_chunks(512, 64, warps, true), 0);    // the large path's
+  // A large object's combine grid holds a decode call's units.
+  EXPECT_EQ(local_shapes(4096, K, E, v3, H, kH200Sms).combine.blocks, kH200Sms);
+}
+
+// The scan path's 16-byte loads (local.cu, lane_matches_below): for every start offset and scan
+// length, head + whole vectors + tail cover exactly the words below i, the vectors start on a
+// 16-byte boundary, and head and tail fit the lanes that take them (fewer than `per` each).
+TEST(LocalShape, ScanSplitCoversEveryWordOnce) {
+  for (int per : {2, 4})  // int64 and 32-bit index words
+    for (int mis = 0; mis < per; ++mis)
+      for (int i = 0; i <= 3000; ++i) {
+        const kernels::ScanSplit s = kernels::scan_split(i, mis, per);
+        const int tail = i - s.tail0;
+        ASSERT_GE(s.head, 0);
+        ASSERT_LT(s.head, per);
+        ASSERT_GE(s.nv, 0);
+        ASSERT_GE(tail, 0);
+        ASSERT_LT(tail, per);
+        ASSERT_EQ(s.head + s.nv * per + tail, i);
+        ASSERT_EQ(s.tail0, s.head + s.nv * per);
+        if (s.nv > 0) ASSERT_EQ((mis + s.head) % per, 0) << "vectors start on a 16-byte boundary";
+        // Head and tail words are loaded one per lane by lanes 0 .. 2 per - 1 of one warp.
+        ASSERT_LE(2 * per, 32);
+      }
+}
+
+// World size >= 2 (dispatch.cu, combine.cu): the large variant only for calls that may take the
+// large-call paths (kernels::large_variant): a device m, or a host m of at least kLargeCallTokens
+// own tokens, on an object that can (ceil(M / D) >= kLargeCallTokens).
+TEST(LocalShape, LargeVariantOnlyForCallsThatMayBeLarge) {
+  EXPECT_EQ(kernels::own_tokens(0, 0, 1), 0);
+  EXPECT_EQ(kernels::own_tokens(7, 0, 1), 7);
+  EXPECT_EQ(kernels::own_tokens(7, 0, 2), 4);  // tokens 0, 2, 4, 6
+  EXPECT_EQ(kernels::own_tokens(7, 1, 2), 3);  // 1, 3, 5
+  EXPECT_EQ(kernels::own_tokens(1, 3, 2), 0);  // rank 3 is member 1 of its group: token 1 and up
+  EXPECT_EQ(kernels::own_tokens(2, 3, 2), 1);
+  kernels::CommParams p{};
+  p.rank = 0, p.dp_size = 1, p.max_msgs_per_src = 4096;  // an object sized for prefill
+  const int32_t dev = 0;
+  auto host = [](int m) { return kernels::TokenCount{m, nullptr, 4096}; };
+  EXPECT_FALSE(kernels::large_variant(p, host(1)));
+  EXPECT_FALSE(kernels::large_variant(p, host(1023)));
+  EXPECT_TRUE(kernels::large_variant(p, host(1024)));
+  EXPECT_TRUE(kernels::large_variant(p, kernels::TokenCount{-1, &dev, 4096}));  // m known only on the device
+  p.dp_size = 2, p.rank = 1;  // rank 1 sends tokens 1, 3, ...: 1024 of 2048, 1023 of 2047
+  EXPECT_TRUE(kernels::large_variant(p, host(2048)));
+  EXPECT_FALSE(kernels::large_variant(p, host(2047)));
+  p.max_msgs_per_src = 1023;  // an object that cannot take them
+  EXPECT_FALSE(kernels::large_variant(p, host(4096)));
+  EXPECT_FALSE(kernels::large_variant(p, kernels::TokenCount{-1, &dev, 4096}));
+}
+
 TEST(LocalShape, CombineUnitsPerToken) {
   EXPECT_EQ(kernels::local_combine_units(7168, 1), 28);  // 256 elements per unit
   EXPECT_EQ(kernels::local_combine_units(7168, 4), 7);   // 1024

@@ -202,13 +202,16 @@ TEST(AllToAll, SmallGridsTakeUnitsInRounds) {
 TEST(AllToAll, IndicesAtAnyAlignment) {
   if (comm().world_size() > 2) GTEST_SKIP() << "the W = 1 scans; W = 2 for the general kernels";
   const Shape shapes[] = {{2048, 6, 64}, {7168, 8, 256}};
-  const Routing routings[] = {Routing::kUniform, Routing::kOneExpert};
   cudaStream_t st;
   ASSERT_EQ(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), cudaSuccess);
   int variant = 0, cases = 0;
   for (const Shape& s : shapes) {
     const int M = s.hidden >= 4096 ? 128 : 256;  // V3: 1024 entries, V2-Lite: 1536
-    const int ms[] = {1, M / 2 + 3, M};
+    // Scans below 640 words (M / 2 + 3: V3 536 entries, the 4 KB piece) and above (M: vectors). One
+    // token reads its few indices one word per lane at any alignment, so it is left to the sweep;
+    // the routing alternates with the offset (uniform, then every entry to one expert: each scan
+    // counts all the words below it), so each index dtype sees both (make test's time budget).
+    const int ms[] = {M / 2 + 3, M};
     for (int it = 0; it < 3; ++it) {
       ++variant;
       const DType idx = idx_type(it);
@@ -220,7 +223,8 @@ TEST(AllToAll, IndicesAtAnyAlignment) {
       const int offsets = idx == DType::kInt64 ? 2 : RankBuffers::kMaxIdxOffset + 1;  // every offset mod 16 bytes
       for (int off = 0; off < offsets; ++off) {
         b.idx_offset = off;
-        check_layers(a2a, cfg, b, routings, ms, 90000 + variant * 100 + off * 10, false,
+        const Routing routing[] = {off % 2 ? Routing::kOneExpert : Routing::kUniform};
+        check_layers(a2a, cfg, b, routing, ms, 90000 + variant * 100 + off * 10, false,
                      " idx_offset=" + std::to_string(off), st, cases);
         if (HasFatalFailure()) return;
       }
@@ -228,6 +232,55 @@ TEST(AllToAll, IndicesAtAnyAlignment) {
   }
   cudaStreamDestroy(st);
   if (comm().rank() == 0) std::printf("IndicesAtAnyAlignment: %d cases passed\n", cases);
+}
+
+// An object sized for more tokens than its calls (an engine's largest batch): a call of host-given
+// m takes its kernel from its own m. At W = 1 (kernels::local_fused_dispatch) a large object
+// (M >= 512) runs decode calls on the one-warp and scan kernels and the one-wave combines, and
+// calls of 256 tokens and more on the large path; at W = 2 (kernels::large_variant) an object that
+// can take the large-call paths (M >= 1024) runs calls below 1024 own tokens on the small variant.
+// Dispatch and combine take m from the host or the device independently (all four pairs), which
+// checks that a large-path dispatch's per-expert counters are zeroed whichever combine ends the
+// layer, and that the variants of one layer's dispatch and combine need not match.
+TEST(AllToAll, LargeObjectsRunDecodeCallsOnDecodeKernels) {
+  if (comm().world_size() > 2) GTEST_SKIP() << "the W = 1 kernel choice; W = 2 for the general kernels";
+  const Shape shapes[] = {{7168, 8, 256}, {2048, 6, 64}};
+  const Routing routings[] = {Routing::kUniform, Routing::kMasked};
+  const int M = 1100;
+  const int ms[] = {1, 4, 18, 128, 256, M};  // W = 1: one warp, scans of 512-byte and 2 KB pieces, large path
+  cudaStream_t st;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), cudaSuccess);
+  int variant = 0, cases = 0;
+  for (const Shape& s : shapes) {
+    ++variant;
+    AllToAllConfig cfg = make_config(s.hidden, s.topk, s.experts, DType::kFP8E4M3, variant);
+    cfg.max_tokens_per_rank = M;
+    // Uniform routing sends an expert M * W * K / E entries on average (V2-Lite at W = 2: 206);
+    // 1.5 times that plus 64 is far above the binomial spread (standard deviation ~14 there).
+    if (cfg.layout == ExpertLayout::kMasked)
+      cfg.capacity = M * comm().world_size() * s.topk / s.experts * 3 / 2 + 64;
+    AllToAll a2a(comm(), cfg);
+    RankBuffers b;
+    b.allocate(cfg, idx_type(variant));
+    int layer = 0;
+    for (Routing r : routings)
+      for (int m : ms) {
+        ++layer;
+        const bool dev_dispatch = layer % 2 == 0, dev_combine = layer / 2 % 2 == 1;
+        const std::string problem =
+            checked_layer(a2a, cfg, b, r, m, case_seed(120000 + variant * 100 + layer), st, [&] {
+              a2a.dispatch(b.dispatch_args(cfg, m, dev_dispatch), st);
+              launch_expert(cfg, b, st);
+              a2a.combine(b.combine_args(cfg, m, dev_combine), st);
+              return std::string();
+            });
+        AGREE_OR_FAIL(problem, describe(cfg, r, m) + " device m: dispatch " + std::to_string(dev_dispatch) +
+                                   ", combine " + std::to_string(dev_combine));
+        ++cases;
+      }
+  }
+  cudaStreamDestroy(st);
+  if (comm().rank() == 0) std::printf("LargeObjectsRunDecodeCallsOnDecodeKernels: %d cases passed\n", cases);
 }
 
 TEST(AllToAll, SplitPhasesWithForeignKernels) {
