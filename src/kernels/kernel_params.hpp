@@ -172,7 +172,7 @@ inline constexpr int kWarpsPerBlock = kThreadsPerBlock / 32;
 // host/local_shape.hpp). Large objects place their own tokens kLocalRoundTokens at a time. Small
 // ones rank with up to kWarpsPerBlock warps of kLocalRankCounters / E shared-memory counters each,
 // and scatter one piece of a row per warp: kLocalSmallPieceChunks or kLocalLargePieceChunks
-// 16-byte chunks per lane (512 B or 2 KB).
+// 16-byte chunks per lane (512 B or 2 KB; one-path scan calls also kLocalWidePieceChunks, 4 KB).
 inline constexpr int kLocalRoundTokens = 64;
 // Fused small dispatches of n = m * K entries, units (token, piece, k) over `warps` warps: each
 // warp ranks its units' entries itself (local.cu, scan_rank: ~n / 64 loads per lane per unit) while

@@ -59,7 +59,8 @@ constexpr int kLargeRowBatch = 2;
 // Small objects, fused: one scatter unit is a piece of U 16-byte chunks per lane (512 B or 2 KB per
 // warp). host::local_shapes picks the smaller when all of a call's units fit in one wave of the grid
 // (decode: more warps and SMs share a token's K rows), else the larger (fewer, longer units:
-// measured faster at 128 tokens).
+// measured faster at 128 tokens). One-path scan calls also take 4 KB pieces where only those fit in
+// one wave (kernels::local_fused_piece_chunks: V3 at 65-132 tokens).
 static_assert(kWarpSize * 16 == 512, "local_pieces_per_row counts 512-byte chunks per warp");
 
 // Shared memory of the dispatch kernel. Both paths start with the counts (what dispatch_recv uses);
@@ -801,7 +802,8 @@ __device__ void local_dispatch_recv(const CommParams& p, const DispatchIO& io, i
   }
 }
 
-// U: the small path's piece (kLocalSmallPieceChunks or kLocalLargePieceChunks); the large path has none.
+// U: the small path's piece (kLocalSmallPieceChunks or kLocalLargePieceChunks; kLocalWidePieceChunks
+// only in local_dispatch_path_kernel's scan path); the large path has none.
 template <bool kLarge, int U>
 __global__ void __launch_bounds__(kThreads, 1)
     local_dispatch_kernel(const __grid_constant__ CommParams p, const __grid_constant__ DispatchIO io, bool do_send,
