@@ -120,22 +120,33 @@ struct Shape {
 };
 
 // One object's layers, one per (routing, m), each checked (checked_layer): device m on every
-// second layer, split halves on every third with split_some. Counts the layers into `cases`; a
-// failure stops the loop (FAIL), so a caller returns when HasFatalFailure().
+// second layer, split halves on every third with split_some. mix_m (fused calls only): dispatch and
+// combine take m from the host or the device independently, all four pairs in turn. Counts the
+// layers into `cases`; a failure stops the loop (FAIL), so a caller returns when HasFatalFailure().
 template <size_t NR, size_t NM>
 void check_layers(AllToAll& a2a, const AllToAllConfig& cfg, RankBuffers& b, const Routing (&routings)[NR],
                   const int (&ms)[NM], uint64_t seed_base, bool split_some, const std::string& what, cudaStream_t st,
-                  int& cases) {
+                  int& cases, bool mix_m = false) {
   int layer = 0;
   for (Routing r : routings)
     for (int m : ms) {
       ++layer;
       const bool split = split_some && layer % 3 == 0;
+      const bool dev_dispatch = layer % 2 == 0, dev_combine = mix_m ? layer / 2 % 2 == 1 : dev_dispatch;
       const std::string problem = checked_layer(a2a, cfg, b, r, m, case_seed(seed_base + layer), st, [&] {
-        run_layer(a2a, cfg, b, m, layer % 2 == 0, split, st);
+        if (mix_m) {
+          a2a.dispatch(b.dispatch_args(cfg, m, dev_dispatch), st);
+          launch_expert(cfg, b, st);
+          a2a.combine(b.combine_args(cfg, m, dev_combine), st);
+        } else {
+          run_layer(a2a, cfg, b, m, dev_dispatch, split, st);
+        }
         return std::string();
       });
-      AGREE_OR_FAIL(problem, describe(cfg, r, m) + what);
+      AGREE_OR_FAIL(problem, describe(cfg, r, m) + what +
+                                 (mix_m ? " device m: dispatch " + std::to_string(dev_dispatch) + ", combine " +
+                                              std::to_string(dev_combine)
+                                        : std::string()));
       ++cases;
     }
 }
@@ -197,8 +208,8 @@ TEST(AllToAll, SmallGridsTakeUnitsInRounds) {
 // Indices at any alignment, and long per-warp scans: topk_idx starts 0 to 3 elements into its buffer
 // (a view into a larger tensor need not be 16-byte aligned), for every index dtype, with objects of
 // up to 256 tokens, so that at W = 1 the scan path (local.cu, scan_rank) reads the indices from
-// every offset mod 16 bytes, over scans of up to 1536 entries (V2-Lite at 256 tokens), next to the
-// one-warp and block-ranking paths. At W = 2 the general kernels read the same.
+// every offset mod 16 bytes, over scans of up to 1536 entries (V2-Lite at 256 tokens). At W = 2 the
+// general kernels read the same.
 TEST(AllToAll, IndicesAtAnyAlignment) {
   if (comm().world_size() > 2) GTEST_SKIP() << "the W = 1 scans; W = 2 for the general kernels";
   const Shape shapes[] = {{2048, 6, 64}, {7168, 8, 256}};
@@ -247,7 +258,7 @@ TEST(AllToAll, LargeObjectsRunDecodeCallsOnDecodeKernels) {
   const Shape shapes[] = {{7168, 8, 256}, {2048, 6, 64}};
   const Routing routings[] = {Routing::kUniform, Routing::kMasked};
   const int M = 1100;
-  const int ms[] = {1, 4, 18, 128, 256, M};  // W = 1: one warp, scans of 512-byte and 2 KB pieces, large path
+  const int ms[] = {1, 4, 18, 128, 256, M};  // W = 1: one warp, scans of 512-byte and 4 KB pieces, large path
   cudaStream_t st;
   ASSERT_EQ(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), cudaSuccess);
   int variant = 0, cases = 0;
@@ -262,22 +273,8 @@ TEST(AllToAll, LargeObjectsRunDecodeCallsOnDecodeKernels) {
     AllToAll a2a(comm(), cfg);
     RankBuffers b;
     b.allocate(cfg, idx_type(variant));
-    int layer = 0;
-    for (Routing r : routings)
-      for (int m : ms) {
-        ++layer;
-        const bool dev_dispatch = layer % 2 == 0, dev_combine = layer / 2 % 2 == 1;
-        const std::string problem =
-            checked_layer(a2a, cfg, b, r, m, case_seed(120000 + variant * 100 + layer), st, [&] {
-              a2a.dispatch(b.dispatch_args(cfg, m, dev_dispatch), st);
-              launch_expert(cfg, b, st);
-              a2a.combine(b.combine_args(cfg, m, dev_combine), st);
-              return std::string();
-            });
-        AGREE_OR_FAIL(problem, describe(cfg, r, m) + " device m: dispatch " + std::to_string(dev_dispatch) +
-                                   ", combine " + std::to_string(dev_combine));
-        ++cases;
-      }
+    check_layers(a2a, cfg, b, routings, ms, 120000 + variant * 100, false, "", st, cases, true);
+    if (HasFatalFailure()) return;
   }
   cudaStreamDestroy(st);
   if (comm().rank() == 0) std::printf("LargeObjectsRunDecodeCallsOnDecodeKernels: %d cases passed\n", cases);
