@@ -350,23 +350,22 @@ __device__ void local_dispatch_tiny(const CommParams& p, const DispatchIO& io, i
 }
 
 // Rank of entry i (expert e >= 0; i and e warp-uniform) among the entries j < i of expert e, counted
-// by the whole warp; scans of kScanVecMin words or more in 16-byte loads: lane l compares the index words of vectors l, l + 32, ...,
-// kScanVecs of them loaded at a time (one round for i <= 1024 int32 or 512 int64 entries), plus
-// the few words before the first 16-byte boundary and after the last whole vector below i (one
-// scalar load per lane, issued with the first round). One reduction sums the lanes. The raw index
-// words are compared with e, which matches exactly the entries read_expert maps to e (every other
-// value, -1 and out-of-range ones included, differs). Each warp of a block reads the same few KB of
+// by the whole warp. Scans of kScanVecMin words or more read 16-byte vectors: lane l compares the
+// index words of vectors l, l + 32, ..., kScanVecs of them loaded at a time (one round for i <= 1024
+// int32 or 512 int64 entries), plus the few words before the first 16-byte boundary and after the
+// last whole vector below i (one scalar load per lane, issued with the first round). Shorter ones
+// read one word per lane, kScanBatch in flight. One reduction sums the lanes. The raw index words
+// are compared with e, which matches exactly the entries read_expert maps to e (every other value,
+// -1 and out-of-range ones included, differs). Each warp of a block reads the same few KB of
 // indices, so after the first they come from L1.
 #ifndef EPKIT_LOCAL_SCAN_VECS  // A/B builds only (EPKIT_AB_FLAGS)
 #define EPKIT_LOCAL_SCAN_VECS 8
 #endif
 constexpr int kScanVecs = EPKIT_LOCAL_SCAN_VECS;
-// Scans of fewer than kScanVecMin words load one word per lane at a time instead (kScanBatch per
-// lane in flight, the same round count up to 256 words): measured on one H200 (session 12, call 3,
-// 3 rounds) the vector scans lost 0.4-0.6 us per pair against scalar ones at V3 32 to 128 tokens
-// and V2-Lite 32 to 64 (the 128-token V3 call 16.1 against 15.7), and the split at 640 was as fast as
-// all-scalar everywhere (within 0.1 us) and 0.5 us faster at V3 192 tokens. (EPKIT_AB_FLAGS may set it: 0 = every
-// scan on 16-byte loads.)
+// The split: measured on one H200 (session 12, call 3, 3 rounds), vector scans everywhere lost
+// 0.4-0.6 us per pair against scalar ones at V3 32 to 128 tokens and V2-Lite 32 to 64 (V3 128:
+// 16.1 against 15.7); the split at 640 words tied all-scalar within 0.1 us and was 0.5 us faster at
+// V3 192 tokens. A/B builds may set it (EPKIT_AB_FLAGS; 0: every scan on 16-byte loads).
 #ifndef EPKIT_LOCAL_SCAN_VEC_MIN
 #define EPKIT_LOCAL_SCAN_VEC_MIN 640
 #endif
