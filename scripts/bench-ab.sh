@@ -122,11 +122,12 @@ case "$cmd" in
     rm -rf "$dest" && mkdir -p "$dest"
     if [ "$REF" = . ]; then
       # The working tree's objects, local.cu and all_to_all.cu (its stage-stamp reader) recompiled
-      # with EPKIT_AB_FLAGS (e.g. -DEPKIT_STAGE_TIMERS for stage stamps of the W = 1 kernels).
+      # with EPKIT_AB_FLAGS (e.g. -DEPKIT_STAGE_TIMERS for stage stamps of the W = 1 kernels);
+      # EPKIT_AB_UNITS names other units (e.g. "kernels/dispatch kernels/combine": the general kernels).
       cmds=$(cd build && ninja -t commands src/libepkit.so)
       (cd build && ninja src/libepkit.so >/dev/null) || exit 1
       relink=$(tail -2 <<<"$cmds" | sed "s|CMakeFiles/epkit.dir/cmake_device_link.o|$dest/dlink.o|g; s|-o src/libepkit.so|-o $dest/libepkit.so|")
-      for f in kernels/local host/all_to_all; do
+      for f in kernels/local host/all_to_all ${EPKIT_AB_UNITS:-}; do
         o="src/CMakeFiles/epkit.dir/$f.cu.o"
         cc=$(grep -- "-o $o" <<<"$cmds" | head -1)
         cc=${cc/ -c / ${EPKIT_AB_FLAGS:-} -c }

@@ -47,11 +47,18 @@ __device__ __forceinline__ uint64_t global_timer_ns() {
 __device__ __forceinline__ int4 ld_cg16(const void* p) { return __ldcg(reinterpret_cast<const int4*>(p)); }
 __device__ __forceinline__ void st16(void* p, int4 v) { *reinterpret_cast<int4*>(p) = v; }
 
-// Stage stamps (block 0, thread 0 only) for builds with -DEPKIT_STAGE_TIMERS; nothing otherwise.
+// Stage stamps (thread 0 of block 0, or of the grid's last block with -DEPKIT_STAGE_LAST_BLOCK:
+// there the general dispatch sends a 1-token call) for builds with -DEPKIT_STAGE_TIMERS; nothing
+// otherwise.
 #ifdef EPKIT_STAGE_TIMERS
-#define EPKIT_STAGE(p, stage)                                                          \
-  do {                                                                                 \
-    if (blockIdx.x == 0 && threadIdx.x == 0) (p).state->stage_ns[stage] = global_timer_ns(); \
+#ifdef EPKIT_STAGE_LAST_BLOCK
+#define EPKIT_STAGE_BLOCK (gridDim.x - 1)
+#else
+#define EPKIT_STAGE_BLOCK 0u
+#endif
+#define EPKIT_STAGE(p, stage)                                                                          \
+  do {                                                                                                 \
+    if (blockIdx.x == EPKIT_STAGE_BLOCK && threadIdx.x == 0) (p).state->stage_ns[stage] = global_timer_ns(); \
   } while (0)
 #else
 #define EPKIT_STAGE(p, stage) \
