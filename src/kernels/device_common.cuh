@@ -226,22 +226,32 @@ __device__ __forceinline__ int32_t header_word(int wd, int t, int K, const float
   return ((wd - 4) & 1) ? rk[base + k] : e[base + k];
 }
 
-// The expert of entry i of topk_idx, or -1 when masked. Indices >= E are reported and masked.
-__device__ __forceinline__ int read_expert(const CommParams& p, const void* idx, int32_t type, int64_t i,
-                                           int32_t phase, int32_t token, uint64_t seq, bool report) {
+// Entry i of topk_idx as raw 32-bit words (the high word only for int64 indices), and its decoding.
+// Split so that a loop can issue all of its index loads before the first decoding branches on one:
+// read_expert in an unrolled loop compiled to one load per basic block, each after the previous
+// entry's range check, so the loads went out one round trip apart.
+struct ExpertWord {
+  uint32_t lo, hi;
+};
+// {~0, ~0} decodes to -1 (masked) for every index type: what a lane with no entry holds.
+__device__ __forceinline__ ExpertWord no_expert_word() { return {0xffffffffu, 0xffffffffu}; }
+__device__ __forceinline__ ExpertWord load_expert(const void* idx, int32_t type, int64_t i) {
   // 32-bit words, selected rather than branched on: a switch on the type compiled to a jump table
   // in constant bank 2, one more dependent constant-cache miss before the first index load.
+  // Read-only loads: the indices are an input, never written while a kernel runs.
   const uint32_t* w = static_cast<const uint32_t*>(idx);
   const bool wide = type == kIdxInt64;
   const int64_t at = wide ? 2 * i : i;
-  // Read-only loads (the indices are an input, never written while a kernel runs): a loop's later
-  // index loads may then be issued before an earlier entry's error record, instead of after it.
-  const uint32_t lo = __ldg(w + at);
-  const uint32_t hi = wide ? __ldg(w + at + 1) : 0u;  // little-endian int64: the high word follows
-  const int64_t v = wide ? static_cast<int64_t>((static_cast<uint64_t>(hi) << 32) | lo)
-                    : type == kIdxInt32 ? static_cast<int64_t>(static_cast<int32_t>(lo))
-                    : lo == 0xffffffffu ? int64_t{-1}
-                                        : static_cast<int64_t>(lo);
+  return {__ldg(w + at), wide ? __ldg(w + at + 1) : 0u};  // little-endian int64: the high word follows
+}
+// The expert of a loaded entry, or -1 when masked. Indices >= E are reported and masked.
+__device__ __forceinline__ int decode_expert(const CommParams& p, ExpertWord x, int32_t type, int32_t phase,
+                                             int32_t token, uint64_t seq, bool report) {
+  const bool wide = type == kIdxInt64;
+  const int64_t v = wide ? static_cast<int64_t>((static_cast<uint64_t>(x.hi) << 32) | x.lo)
+                    : type == kIdxInt32 ? static_cast<int64_t>(static_cast<int32_t>(x.lo))
+                    : x.lo == 0xffffffffu ? int64_t{-1}
+                                          : static_cast<int64_t>(x.lo);
   if (v < 0) return -1;
   if (__builtin_expect(v >= p.num_experts, 0)) {
     if (report) record_error(p, kErrExpertIndex, phase, kWaitNone, -1, static_cast<int32_t>(v > INT32_MAX ? INT32_MAX : v),
@@ -249,6 +259,11 @@ __device__ __forceinline__ int read_expert(const CommParams& p, const void* idx,
     return -1;
   }
   return static_cast<int>(v);
+}
+// The expert of entry i of topk_idx, or -1 when masked. Indices >= E are reported and masked.
+__device__ __forceinline__ int read_expert(const CommParams& p, const void* idx, int32_t type, int64_t i,
+                                           int32_t phase, int32_t token, uint64_t seq, bool report) {
+  return decode_expert(p, load_expert(idx, type, i), type, phase, token, seq, report);
 }
 
 // Tokens this rank sends from its DP group: t = u * D + i for i = rank % D.
@@ -338,7 +353,22 @@ static __device__ __noinline__ void packed_first_rows(const CommParams& p, const
   if (blockIdx.x == 0) write_packed_counts(p, io, tot, first, phase, seq);
 }
 
-__device__ __forceinline__ uint8_t* peer_base(const CommParams& p, int r) { return p.peer_bases[r]; }
+// Peer r's address of our symmetric base, or null (no P2P: put-with-signal). Ranks below
+// kParamPeers come from the parameters (constant bank), the rest from the device table.
+__device__ __forceinline__ uint8_t* peer_base(const CommParams& p, int r) {
+#ifndef EPKIT_AB_PEER_TABLE
+  if (r < kParamPeers) return p.peer_param[r];
+#endif
+  return p.peer_bases[r];
+}
+// peer_base in a kernel variant for objects whose every rank is P2P-mapped (kP2P, see
+// kernels::p2p_variant): never null there, so the portable path's branches compile out.
+template <bool kP2P>
+__device__ __forceinline__ uint8_t* peer_at(const CommParams& p, int r) {
+  uint8_t* pb = peer_base(p, r);
+  if constexpr (kP2P) __builtin_assume(pb != nullptr);
+  return pb;
+}
 
 template <typename T>
 __device__ __forceinline__ T* sym_at(const CommParams& p, size_t off) {

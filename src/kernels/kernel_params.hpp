@@ -69,6 +69,10 @@ struct DeviceState {
 };
 
 // Offsets into the symmetric heap (copied from SymmetricLayout) and sizes, for every kernel.
+// Ranks whose peer base travels in the kernel parameters (CommParams::peer_param): one NVLink
+// domain of 8 GPUs; ranks past it read the device table.
+inline constexpr int kParamPeers = 8;
+
 struct CommParams {
   int rank, world_size, dp_size;
   int num_experts, num_local_experts, topk, hidden;
@@ -85,6 +89,9 @@ struct CommParams {
 
   uint8_t* sym;                 // this rank's symmetric base (nvshmem addresses)
   uint8_t* const* peer_bases;   // [W] peer address of the symmetric base; null: use put-with-signal
+  // The first kParamPeers entries of peer_bases, in the parameters themselves: a kernel reads them
+  // from the constant bank instead of with a dependent global load before every peer store.
+  uint8_t* peer_param[kParamPeers];
   size_t off_dispatch_recv, off_dispatch_stage, off_dispatch_counts, off_dispatch_count_stage;
   size_t off_dispatch_count_flag, off_dispatch_recv_ctr, off_weights_recv, off_weights_stage, off_weights_recv_ctr;
   size_t off_combine_recv, off_combine_stage, off_combine_flag, off_barrier_flag;
@@ -104,6 +111,7 @@ struct CommParams {
   int packed_row_align;  // packed: every offset is a multiple of this
   int32_t* local_counts; // [E], world size 1: large dispatch's per-expert counters (zeroed by combine),
                          // or dispatch_send's totals for dispatch_recv
+  int all_p2p;           // 1: every rank's base is P2P-mapped (no put-with-signal anywhere)
 };
 
 // Index dtype codes for topk_idx.
@@ -157,6 +165,11 @@ constexpr int own_tokens(int m, int rank, int dp_size) {
 inline bool large_variant(const CommParams& p, const TokenCount& m) {
   return large_capable(p) && (m.dev_m != nullptr || own_tokens(m.host_m, p.rank, p.dp_size) >= kLargeCallTokens);
 }
+// The P2P-only variant of the small kernels (dispatch.cu, combine.cu): an object whose every rank
+// is P2P-mapped (one NVLink domain, the NVLink path) runs small-variant code with the portable
+// path's branches compiled out; code a call never takes still costs it at decode (instruction
+// fetch: the large-call paths cost 1-2 us per call when they were in the small kernels).
+inline bool p2p_variant(const CommParams& p, bool large) { return !large && p.all_p2p != 0; }
 
 // World size 1 (local.cu): objects whose M reaches this count each block's own chunk of tokens and
 // share per-expert counters (one grid-wide step for the packed layout) instead of every block
