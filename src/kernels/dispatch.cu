@@ -16,7 +16,7 @@ namespace {
 
 constexpr int kRoundTokens = 64;  // own tokens placed per round of the send half
 constexpr int kHistUnroll = 4;    // topk loads in flight per lane in the send half's histogram
-constexpr int kScaleRegs = 4;     // scales per lane held in registers by the receive copy (128 per token)
+constexpr int kScaleRegs = 4;     // scales per lane held in registers by the copies (128 per token)
 constexpr int kUnroll = 4;        // 16-byte chunks per lane per slice (kSliceBytes = 32 * 4 * 16)
 constexpr int kSliceChunks = kWarpSize * kUnroll;
 
@@ -121,6 +121,25 @@ __device__ __forceinline__ void store_slice_to_slots(const CommParams& p, const 
   }
 }
 
+// Slice sl of own token t's payload (four 16-byte chunks per lane) and, for slice 0, its first
+// kScaleRegs * 32 scales: the send half's loads, batched.
+__device__ __forceinline__ void load_own_slice(const CommParams& p, const DispatchIO& io, int t, int sl, int lane,
+                                               int4 (&v)[kUnroll], float (&scv)[kScaleRegs]) {
+  const int payload_chunks = p.payload_bytes / 16;
+  const int4* src = reinterpret_cast<const int4*>(io.x + static_cast<size_t>(t) * p.payload_bytes);
+#pragma unroll
+  for (int q = 0; q < kUnroll; ++q) {
+    const int c = sl * kSliceChunks + q * kWarpSize + lane;
+    if (c < payload_chunks) v[q] = __ldg(src + c);
+  }
+  const float* src_scale = io.x_scale ? io.x_scale + static_cast<size_t>(t) * p.num_scales : nullptr;
+#pragma unroll
+  for (int i = 0; i < kScaleRegs; ++i) {
+    const int x = i * kWarpSize + lane;
+    scv[i] = sl == 0 && x < p.num_scales ? __ldg(src_scale + x) : 0.f;
+  }
+}
+
 // direct_self: one slice of one of our own tokens into its local experts' slots (slot: lane k's
 // entry, -1 when not local or past capacity); slice 0 also writes the scales and the token's
 // recv_map row (and router weights) at message index msg, where combine looks them up. Out of line,
@@ -154,8 +173,9 @@ static __device__ __noinline__ void write_own(const CommParams& p, const Dispatc
 // first in every local expert's run, so their slots need no peer's counts. The arrival counter
 // still advances by the slices, so the bookkeeping is the same as when the message is sent.
 // Returns whether it did (the receive half of the same kernel then skips our own messages).
-// kLarge: compiled with the large-call paths (see kLargeCallTokens).
-template <bool kLarge>
+// kLarge: compiled with the large-call paths (see kLargeCallTokens); kP2P: every rank P2P-mapped
+// (kernels::p2p_variant), the portable branches compiled out.
+template <bool kLarge, bool kP2P>
 __device__ bool dispatch_send(const CommParams& p, const DispatchIO& io, uint64_t seq, int* smem, bool fused) {
   const int E = p.num_experts, W = p.world_size, L = p.num_local_experts, K = p.topk, D = p.dp_size;
   const int me = p.rank, gi = me % D, S = p.max_msgs_per_src, nsd = p.dispatch_slices;
@@ -175,6 +195,19 @@ __device__ bool dispatch_send(const CommParams& p, const DispatchIO& io, uint64_
   const int n_own = num_own_tokens(p, m);
   const int u0 = static_cast<int>(static_cast<int64_t>(n_own) * blockIdx.x / gridDim.x);
   const int u1 = static_cast<int>(static_cast<int64_t>(n_own) * (blockIdx.x + 1) / gridDim.x);
+
+  // Phase B's first (token, slice) of this warp, loaded before the histogram: at decode that load
+  // was the round trip after the ranks, now it hides behind the count. The P2P variant only: in
+  // the others the 20 registers it holds spilled 160 bytes.
+#ifdef EPKIT_AB_NO_PRELOAD
+  constexpr bool kPreload = false;
+#else
+  constexpr bool kPreload = kP2P;
+#endif
+  int4 v_first[kUnroll];
+  float sc_first[kScaleRegs];
+  const bool preloaded = kPreload && warp < min(kRoundTokens, u1 - u0) * nsd;
+  if (preloaded) load_own_slice(p, io, (u0 + warp / nsd) * D + gi, warp % nsd, lane, v_first, sc_first);
 
   for (int x = threadIdx.x; x < E; x += blockDim.x) sm.cnt_total[x] = 0, sm.run_e[x] = 0;
   for (int x = threadIdx.x; x < W; x += blockDim.x) sm.dst_total[x] = 0, sm.run_d[x] = 0, sm.blk_sent[x] = 0;
@@ -200,17 +233,22 @@ __device__ bool dispatch_send(const CommParams& p, const DispatchIO& io, uint64_
     const int per_warp = kWarpSize / G, k = lane % G, sub = lane / G;
     const int step = kWarps * per_warp;
     for (int base = h0 + warp * per_warp; base < h1; base += kHistUnroll * step) {
-      int ex[kHistUnroll];
+      // Every load first, then the decoding (see load_expert).
+      ExpertWord xw[kHistUnroll];
 #pragma unroll
       for (int q = 0; q < kHistUnroll; ++q) {
         const int u = base + q * step + sub;
-        ex[q] = u < h1 && k < K ? read_expert(p, io.topk_idx, io.idx_type, static_cast<int64_t>(u * D + gi) * K + k,
-                                              kPhaseDispatchSend, u * D + gi, seq, blockIdx.x == 0 || lookback)
-                                : -1;
+        xw[q] = u < h1 && k < K ? load_expert(io.topk_idx, io.idx_type, static_cast<int64_t>(u * D + gi) * K + k)
+                                : no_expert_word();
+#ifdef EPKIT_AB_SERIAL_HIST  // A/B: decode each entry as it is loaded (the previous code)
+        const int e = decode_expert(p, xw[q], io.idx_type, kPhaseDispatchSend, u * D + gi, seq, blockIdx.x == 0 || lookback);
+        xw[q] = e < 0 ? no_expert_word() : ExpertWord{static_cast<uint32_t>(e), 0u};
+#endif
       }
 #pragma unroll
       for (int q = 0; q < kHistUnroll; ++q) {
-        const int e = ex[q], u = base + q * step + sub;
+        const int u = base + q * step + sub;
+        const int e = decode_expert(p, xw[q], io.idx_type, kPhaseDispatchSend, u * D + gi, seq, blockIdx.x == 0 || lookback);
         const int r = e >= 0 ? e / L : -1;
         // Lanes of the same token with the same destination: the lowest one counts the message.
         const unsigned same = __match_any_sync(0xffffffffu, e >= 0 ? sub * W + r : -1 - lane);
@@ -237,7 +275,7 @@ __device__ bool dispatch_send(const CommParams& p, const DispatchIO& io, uint64_
   const int gw = lookback ? warp : blockIdx.x * kWarps + warp, nw = lookback ? kWarps : gridDim.x * kWarps;
   const bool writes_counts = !lookback || blockIdx.x == gridDim.x - 1;
   for (int d = gw; writes_counts && d < W; d += nw) {
-    uint8_t* pb = peer_base(p, d);
+    uint8_t* pb = peer_at<kP2P>(p, d);
     // Tagged words (device_common.cuh): a P2P receiver reads each as soon as it lands, while the
     // data is still on its way; a portable one after the put's signal.
     uint64_t* dst = pb ? reinterpret_cast<uint64_t*>(pb + p.off_dispatch_counts) + static_cast<size_t>(me) * (L + 1)
@@ -291,12 +329,15 @@ __device__ bool dispatch_send(const CommParams& p, const DispatchIO& io, uint64_
       const unsigned dmask = __ballot_sync(0xffffffffu, j >= 0);
       if (dmask == 0) continue;
 
-      const int4* src = reinterpret_cast<const int4*>(io.x + static_cast<size_t>(t) * p.payload_bytes);
       int4 v[kUnroll];
+      float scv[kScaleRegs];
+      if (preloaded && r0 == u0 && w == warp) {
 #pragma unroll
-      for (int q = 0; q < kUnroll; ++q) {
-        const int c = sl * kSliceChunks + q * kWarpSize + lane;
-        if (c < payload_chunks) v[q] = __ldg(src + c);
+        for (int q = 0; q < kUnroll; ++q) v[q] = v_first[q];
+#pragma unroll
+        for (int i = 0; i < kScaleRegs; ++i) scv[i] = sc_first[i];
+      } else {
+        load_own_slice(p, io, t, sl, lane, v, scv);
       }
       // Slice 0 also carries the header and the scales.
       int32_t hw0 = 0, hw1 = 0;
@@ -314,7 +355,11 @@ __device__ bool dispatch_send(const CommParams& p, const DispatchIO& io, uint64_
           if (lane < hdr_words) h[lane] = hw0;
           if (lane + 32 < hdr_words) h[lane + 32] = hw1;
           float* sc = reinterpret_cast<float*>(msg + p.header_bytes);
-          for (int s = lane; s < p.num_scales; s += kWarpSize) sc[s] = __ldg(src_scale + s);
+#pragma unroll
+          for (int i = 0; i < kScaleRegs; ++i)
+            if (i * kWarpSize + lane < p.num_scales) sc[i * kWarpSize + lane] = scv[i];
+          for (int s = kScaleRegs * kWarpSize + lane; s < p.num_scales; s += kWarpSize)  // hidden > 16384
+            sc[s] = __ldg(src_scale + s);
         }
         int4* pl = reinterpret_cast<int4*>(msg + p.payload_offset);
 #pragma unroll
@@ -339,7 +384,7 @@ __device__ bool dispatch_send(const CommParams& p, const DispatchIO& io, uint64_
           }
           write_own(p, io, v[0], v[1], v[2], v[3], slot, sl, t, me * S + jd, src_scale, seq);
           if (lane == 0) atomicAdd(&sm.blk_sent[rd], 1);
-        } else if (uint8_t* pb = peer_base(p, rd)) {
+        } else if (uint8_t* pb = peer_at<kP2P>(p, rd)) {
           write_slice(pb + slot_off);
           if (lane == 0) atomicAdd(&sm.blk_sent[rd], 1);
         } else {
@@ -365,7 +410,7 @@ __device__ bool dispatch_send(const CommParams& p, const DispatchIO& io, uint64_
   // orders the other threads' stores before it, and release semantics are cumulative, so no
   // separate system fence is needed. (The counts are tagged words and need no release.)
   for (int d = threadIdx.x; d < W; d += blockDim.x) {
-    uint8_t* pb = peer_base(p, d);
+    uint8_t* pb = peer_at<kP2P>(p, d);
     if (pb == nullptr) {
       if (direct_self && d == me && sm.blk_sent[d] > 0)  // portable path: our own counter, locally
         red_release_sys_add(sym_at<uint64_t>(p, p.off_dispatch_recv_ctr) + me, static_cast<uint64_t>(sm.blk_sent[d]));
@@ -379,6 +424,7 @@ __device__ bool dispatch_send(const CommParams& p, const DispatchIO& io, uint64_
   return direct_self;
 }
 
+template <bool kP2P>
 __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_t seq, int* smem, bool direct_self) {
   const int W = p.world_size, L = p.num_local_experts, K = p.topk, S = p.max_msgs_per_src, me = p.rank;
   const int cap = p.capacity, nsd = p.dispatch_slices;
@@ -386,8 +432,15 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
   RecvSmem sm{smem, smem + W * L, smem + 2 * W * L, smem + 2 * W * L + W};
 
   const uint64_t* count_flag = sym_at<uint64_t>(p, p.off_dispatch_count_flag);
-  // Issued before the waits so its latency hides behind them.
-  const uint64_t my_base = threadIdx.x < W ? p.recv_base[threadIdx.x] : 0;
+  // The arrival counters are waited for by the block's last threads (thread kThreads - 1 - s for
+  // source s), the offsets computed by its first: the two overlap. Its base is loaded before the
+  // waits so that its latency hides behind them.
+#ifdef EPKIT_AB_CTR_FIRST  // A/B: thread s waits (the previous code)
+  const int my_src = threadIdx.x;
+#else
+  const int my_src = kThreads - 1 - static_cast<int>(threadIdx.x);
+#endif
+  const uint64_t my_base = my_src >= 0 && my_src < W ? p.recv_base[my_src] : 0;
   // Every thread of the block leaves together or not at all: a thread that left alone could leave
   // the others waiting at a later __syncthreads. __syncthreads_or gives them one answer.
   // All threads read the count matrix at once, each word as soon as it carries this call's tag
@@ -397,7 +450,7 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
   for (int i = threadIdx.x; i < W * (L + 1); i += blockDim.x) {
     const int s = i / (L + 1), el = i % (L + 1);
     uint32_t v = 0;
-    if (peer_base(p, s) == nullptr)
+    if (peer_at<kP2P>(p, s) == nullptr)
       ok = ok && wait_flag(p, count_flag + s, seq, Cmp::kEq, kPhaseDispatchRecv, kWaitDispatchCounts, s, -1, seq);
     ok = ok && wait_tagged(p, counts + i, seq, v, kPhaseDispatchRecv, kWaitDispatchCounts, s);
     if (el < L) sm.cnt[s * L + el] = static_cast<int>(v); else sm.nmsg[s] = static_cast<int>(v);
@@ -437,9 +490,9 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
     for (int s = threadIdx.x; s < W; s += blockDim.x) p.num_msgs[s] = sm.nmsg[s];
   EPKIT_STAGE(p, kStOffsetsDone);
   const uint64_t* recv_ctr = sym_at<uint64_t>(p, p.off_dispatch_recv_ctr);
-  for (int s = threadIdx.x; s < W; s += blockDim.x)
+  for (int s = my_src; s >= 0 && s < W; s += blockDim.x)
     if (!(direct_self && s == me))  // our own slices are counted before this kernel ends, read by nobody
-      ok &= wait_flag(p, recv_ctr + s, (s == static_cast<int>(threadIdx.x) ? my_base : p.recv_base[s]) +
+      ok &= wait_flag(p, recv_ctr + s, (s == my_src ? my_base : p.recv_base[s]) +
                       static_cast<uint64_t>(sm.nmsg[s]) * nsd, Cmp::kGe,
                       kPhaseDispatchRecv, kWaitDispatchData, s, -1, seq);
   // Also the copy below must not start on a source whose data never came (its headers would be garbage).
@@ -512,16 +565,16 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
 
 // __grid_constant__: the cold paths take p by reference; without it every thread keeps a stack
 // copy of it (docs/ARCHITECTURE.md, kernel code conventions).
-template <bool kLarge>
+template <bool kLarge, bool kP2P>
 __global__ void __launch_bounds__(kThreads, 1)
     dispatch_kernel(const __grid_constant__ CommParams p, const __grid_constant__ DispatchIO io, bool do_send,
                     bool do_recv) {
   extern __shared__ int smem[];
   wait_previous_kernel();
   const uint64_t seq = *reinterpret_cast<volatile uint64_t*>(&p.state->seq) + 1;
-  const bool direct_self = do_send && dispatch_send<kLarge>(p, io, seq, smem, do_recv);
+  const bool direct_self = do_send && dispatch_send<kLarge, kP2P>(p, io, seq, smem, do_recv);
   if (do_send && do_recv) __syncthreads();
-  if (do_recv) dispatch_recv(p, io, seq, smem, direct_self);
+  if (do_recv) dispatch_recv<kP2P>(p, io, seq, smem, direct_self);
   EPKIT_STAGE(p, kStDispatchDone);
 }
 
@@ -541,7 +594,9 @@ int dispatch_units(int world_size, int max_msgs_per_src, int slices) {
 
 cudaError_t launch_dispatch(const CommParams& p, const DispatchIO& io, bool do_send, bool do_recv,
                             const LaunchShape& shape, cudaStream_t stream) {
-  auto kernel = large_variant(p, io.m) ? dispatch_kernel<true> : dispatch_kernel<false>;
+  const bool large = large_variant(p, io.m);
+  auto kernel = large ? dispatch_kernel<true, false>
+                : p2p_variant(p, large) ? dispatch_kernel<false, true> : dispatch_kernel<false, false>;
   return launch_after_previous(kernel, shape, stream, p, io, do_send, do_recv);
 }
 
