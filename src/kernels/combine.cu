@@ -14,15 +14,25 @@ namespace epkit::kernels {
 
 namespace {
 
-// Takes the next one or two set bits of `mask` (the lowest first); b is -1 when only one was left.
-// The loops below handle two expert rows or partials at a time so both rows' loads are in flight
-// together (one at a time, each cost a full memory round trip).
-__device__ __forceinline__ void take_pair(unsigned& mask, int& a, int& b) {
-  a = __ffs(mask) - 1;
-  mask &= mask - 1;
-  b = mask ? __ffs(mask) - 1 : -1;
-  if (b >= 0) mask &= mask - 1;
+// Takes the next (up to) N set bits of `mask`, the lowest first; ks[i] is -1 past the last one.
+// The loops below handle N expert rows or partials at a time so that all N rows' loads are in
+// flight together (one at a time, each cost a full memory round trip).
+template <int N>
+__device__ __forceinline__ void take_bits(unsigned& mask, int (&ks)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    ks[i] = mask ? __ffs(mask) - 1 : -1;
+    mask &= mask - 1;  // no-op once mask is 0
+  }
 }
+// Rows in flight per warp: in the small variant four 16-bit rows (16 int4 per lane at 1024
+// elements per slice), else two (two fp32 rows take the same registers; the large variant, whose
+// warps take many slices, keeps its loop free of spills).
+#ifdef EPKIT_AB_PAIRS  // A/B: two rows at a time (the previous code)
+template <typename T, bool kLarge> inline constexpr int kRowsInFlight = 2;
+#else
+template <typename T, bool kLarge> inline constexpr int kRowsInFlight = sizeof(T) == 2 && !kLarge ? 4 : 2;
+#endif
 
 // The P2P arrival flags of a warp's last few partial slices, raised together behind one system
 // fence: a release per slice stalled the warp on its remote stores after every slice (at prefill,
@@ -60,7 +70,8 @@ constexpr int kSliceChunks = kWarpSize * kUnroll;   // 1024 elements: kSliceByte
 
 // kLarge: compiled with the large-call paths (see kLargeCallTokens): messages taken
 // source-interleaved and arrival flags raised kFlagBatch slices at a time.
-template <typename Tin, typename Tout, bool kLarge>
+// kP2P: every rank P2P-mapped (kernels::p2p_variant), the portable branches compiled out.
+template <typename Tin, typename Tout, bool kLarge, bool kP2P>
 __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t seq, int* smem) {
   const int W = p.world_size, K = p.topk, D = p.dp_size, S = p.max_msgs_per_src, M = p.max_tokens, H = p.hidden;
   const int me = p.rank, gi = me % D, nsc = p.combine_slices;
@@ -88,7 +99,7 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
         const int d = base + src_lane;
         const int jd = __shfl_sync(0xffffffffu, j, src_lane);
         const size_t off = p.off_weights_recv + ((static_cast<size_t>(me) * S + jd) * K) * sizeof(uint64_t);
-        if (uint8_t* pb = peer_base(p, d)) {
+        if (uint8_t* pb = peer_at<kP2P>(p, d)) {
           if (lane < K) st_relaxed_sys(reinterpret_cast<uint64_t*>(pb + off) + lane, w);
         } else {
           if (!staged) {
@@ -110,7 +121,7 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
   const uint64_t* wctr = sym_at<uint64_t>(p, p.off_weights_recv_ctr);
   for (int s = threadIdx.x; s < W; s += blockDim.x) {
     sm.nmsg[s] = p.num_msgs[s];
-    if (!p.weights_at_dispatch && peer_base(p, s) == nullptr)
+    if (!p.weights_at_dispatch && peer_at<kP2P>(p, s) == nullptr)
       wait_flag(p, wctr + s, p.weights_base[s] + sm.nmsg[s], Cmp::kGe, kPhaseCombineSend, kWaitWeights, s, -1, seq);
   }
   __syncthreads();
@@ -157,39 +168,44 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
     for (int qq = 0; qq < kUnroll; ++qq)
 #pragma unroll
       for (int i = 0; i < 8; ++i) acc[qq][i] = 0.f;
-    // The message's local experts, two at a time.
+    // The message's local experts, kRowsInFlight at a time.
+    constexpr int NR = kRowsInFlight<Tin, kLarge>;
     for (unsigned kmask = __ballot_sync(0xffffffffu, lane < K && slot >= 0); kmask;) {
-      int ka, kb;
-      take_pair(kmask, ka, kb);
-      const int slot_a = __shfl_sync(0xffffffffu, slot, ka), slot_b = __shfl_sync(0xffffffffu, slot, kb < 0 ? ka : kb);
-      const float w_a = __shfl_sync(0xffffffffu, wk, ka), w_b = __shfl_sync(0xffffffffu, wk, kb < 0 ? ka : kb);
-      const Tin* row_a = y + static_cast<size_t>(slot_a) * H;
-      const Tin* row_b = y + static_cast<size_t>(slot_b) * H;
-      RawRow<Tin> ra[kUnroll], rb[kUnroll];
+      int ks[NR];
+      take_bits(kmask, ks);
+      const Tin* row[NR];
+      float wr[NR];
+#pragma unroll
+      for (int i = 0; i < NR; ++i) {
+        const int src = ks[i] < 0 ? ks[0] : ks[i];
+        row[i] = y + static_cast<size_t>(__shfl_sync(0xffffffffu, slot, src)) * H;
+        wr[i] = __shfl_sync(0xffffffffu, wk, src);
+      }
+      RawRow<Tin> rr[NR][kUnroll];
 #pragma unroll
       for (int qq = 0; qq < kUnroll; ++qq) {
         const int c = sl * kSliceChunks + qq * kWarpSize + lane;
         if (c < chunks) {
-          ra[qq].load(row_a + c * 8);
-          if (kb >= 0) rb[qq].load(row_b + c * 8);
+#pragma unroll
+          for (int i = 0; i < NR; ++i)
+            if (i == 0 || ks[i] >= 0) rr[i][qq].load(row[i] + c * 8);
         }
       }
 #pragma unroll
       for (int qq = 0; qq < kUnroll; ++qq) {
-        float v[8];
-        ra[qq].unpack(v);
 #pragma unroll
-        for (int i = 0; i < 8; ++i) acc[qq][i] = fmaf(w_a, v[i], acc[qq][i]);
-        if (kb >= 0) {
-          rb[qq].unpack(v);
+        for (int i = 0; i < NR; ++i) {
+          if (i > 0 && ks[i] < 0) continue;
+          float v[8];
+          rr[i][qq].unpack(v);
 #pragma unroll
-          for (int i = 0; i < 8; ++i) acc[qq][i] = fmaf(w_b, v[i], acc[qq][i]);
+          for (int x = 0; x < 8; ++x) acc[qq][x] = fmaf(wr[i], v[x], acc[qq][x]);
         }
       }
     }
     const int p0 = (s / D) * D;  // the source's DP group: every member gets the partial
     bool any_portable = false;
-    for (int dd = 0; dd < D; ++dd) any_portable |= peer_base(p, p0 + dd) == nullptr;
+    for (int dd = 0; dd < D; ++dd) any_portable |= peer_at<kP2P>(p, p0 + dd) == nullptr;
     uint8_t* stage = sym_at<uint8_t>(p, p.off_combine_stage) + msg * out_row;
     const size_t dst_off = p.off_combine_recv + (static_cast<size_t>(me) * M + t) * out_row;
     int4 packed[kUnroll];
@@ -199,7 +215,7 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
     for (int dd = 0; dd < D + (any_portable ? 1 : 0); ++dd) {
       uint8_t* row = stage;
       if (dd < D) {
-        uint8_t* pb = peer_base(p, p0 + dd);
+        uint8_t* pb = peer_at<kP2P>(p, p0 + dd);
         if (pb == nullptr) continue;
         row = pb + dst_off;
       }
@@ -212,7 +228,7 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
     const size_t flag_idx = (static_cast<size_t>(me) * M + t) * nsc + sl;
     uint64_t* flag = nullptr;  // lane dd < D: this slice's flag at member dd, if P2P
     if (lane < D)
-      if (uint8_t* pb = peer_base(p, p0 + lane)) flag = reinterpret_cast<uint64_t*>(pb + p.off_combine_flag) + flag_idx;
+      if (uint8_t* pb = peer_at<kP2P>(p, p0 + lane)) flag = reinterpret_cast<uint64_t*>(pb + p.off_combine_flag) + flag_idx;
     if constexpr (kLarge) {
       flags.push(flag, lane, D, seq);
     } else {
@@ -224,7 +240,7 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
       const size_t lo_b = static_cast<size_t>(sl) * kSliceChunks * 16;
       const size_t hi_b = min(out_row, lo_b + static_cast<size_t>(kSliceChunks) * 16);
       for (int dd = 0; dd < D; ++dd)
-        if (peer_base(p, p0 + dd) == nullptr)
+        if (peer_at<kP2P>(p, p0 + dd) == nullptr)
           put_signal_warp(p.sym + dst_off + lo_b, stage + lo_b, hi_b - lo_b,
                                           sym_at<uint64_t>(p, p.off_combine_flag) + flag_idx, seq, NVSHMEM_SIGNAL_SET,
                                           p0 + dd);
@@ -236,7 +252,7 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
   // critical path: a peer needs it only after it has our partials, which go first anyway.
   if (blockIdx.x == 0 && warp == 0) {
     for (int d = lane; d < W; d += kWarpSize) {
-      if (uint8_t* pb = peer_base(p, d)) {
+      if (uint8_t* pb = peer_at<kP2P>(p, d)) {
         st_release_sys(reinterpret_cast<uint64_t*>(pb + p.off_barrier_flag) + me, seq);
       } else {
         signal_remote(sym_at<uint64_t>(p, p.off_barrier_flag) + me, seq, NVSHMEM_SIGNAL_SET, d);
@@ -245,13 +261,29 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
   }
 }
 
-template <typename Tout>
-__device__ void combine_recv(const CommParams& p, const CombineIO& io, uint64_t seq) {
+// The token side's first index load, issued at the start of the kernel (before the send half of a
+// fused call) so that it is not one more round trip after the partials' flags: this warp's first
+// (token, slice) and lane k's entry of that token.
+struct RecvFirst {
+  int m = 0;
+  ExpertWord idx = no_expert_word();
+  __device__ void load(const CommParams& p, const CombineIO& io, uint64_t seq) {
+    const int lane = threadIdx.x % kWarpSize, q = blockIdx.x * kWarps + threadIdx.x / kWarpSize;
+    m = resolve_num_tokens(p, io.m, kPhaseCombineRecv, seq, false);
+#ifndef EPKIT_AB_NO_RECV_PREFETCH
+    if (q < m * p.combine_slices && lane < p.topk)
+      idx = load_expert(io.topk_idx, io.idx_type, static_cast<int64_t>(q / p.combine_slices) * p.topk + lane);
+#endif
+  }
+};
+
+template <typename Tout, bool kLarge>
+__device__ void combine_recv(const CommParams& p, const CombineIO& io, uint64_t seq, const RecvFirst& first) {
   const int W = p.world_size, L = p.num_local_experts, K = p.topk, M = p.max_tokens, H = p.hidden;
   const int nsc = p.combine_slices;
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
   const int gw = blockIdx.x * kWarps + warp, nw = gridDim.x * kWarps;
-  const int m = resolve_num_tokens(p, io.m, kPhaseCombineRecv, seq, false);
+  const int m = first.m;
   const uint64_t* flags = sym_at<uint64_t>(p, p.off_combine_flag);
   const uint8_t* partials = sym_at<uint8_t>(p, p.off_combine_recv);
   const size_t out_row = p.out_row_bytes;
@@ -260,9 +292,15 @@ __device__ void combine_recv(const CommParams& p, const CombineIO& io, uint64_t 
 
   for (int q = gw; q < m * nsc; q += nw) {
     const int t = q / nsc, sl = q % nsc;
-    const int e = lane < K ? read_expert(p, io.topk_idx, io.idx_type, static_cast<int64_t>(t) * K + lane,
-                                         kPhaseCombineRecv, t, seq, false)
-                           : -1;
+#ifdef EPKIT_AB_NO_RECV_PREFETCH
+    const ExpertWord xw = lane < K ? load_expert(io.topk_idx, io.idx_type, static_cast<int64_t>(t) * K + lane)
+                                   : no_expert_word();
+#else
+    const ExpertWord xw = q == gw ? first.idx
+                          : lane < K ? load_expert(io.topk_idx, io.idx_type, static_cast<int64_t>(t) * K + lane)
+                                     : no_expert_word();
+#endif
+    const int e = decode_expert(p, xw, io.idx_type, kPhaseCombineRecv, t, seq, false);
     const int r = e >= 0 ? e / L : -1;
     const unsigned same = __match_any_sync(0xffffffffu, r);
     const bool first = e >= 0 && (same & ((1u << lane) - 1)) == 0;
@@ -277,32 +315,34 @@ __device__ void combine_recv(const CommParams& p, const CombineIO& io, uint64_t 
     for (int qq = 0; qq < kUnroll; ++qq)
 #pragma unroll
       for (int i = 0; i < 8; ++i) acc[qq][i] = 0.f;
-    // The partials, two ranks at a time.
+    // The partials, kRowsInFlight ranks at a time.
+    constexpr int NR = 2;  // four spilled 60 bytes more in the small variants; no gain below W = 4
     for (unsigned km = dmask; km;) {
-      int ka, kb;
-      take_pair(km, ka, kb);
-      const int ra = __shfl_sync(0xffffffffu, r, ka), rb = __shfl_sync(0xffffffffu, r, kb < 0 ? ka : kb);
-      const uint8_t* row_a = partials + (static_cast<size_t>(ra) * M + t) * out_row;
-      const uint8_t* row_b = partials + (static_cast<size_t>(rb) * M + t) * out_row;
-      int4 va[kUnroll], vb[kUnroll];
+      int ks[NR];
+      take_bits(km, ks);
+      const uint8_t* row[NR];
+#pragma unroll
+      for (int i = 0; i < NR; ++i)
+        row[i] = partials + (static_cast<size_t>(__shfl_sync(0xffffffffu, r, ks[i] < 0 ? ks[0] : ks[i])) * M + t) * out_row;
+      int4 v[NR][kUnroll];
 #pragma unroll
       for (int qq = 0; qq < kUnroll; ++qq) {
         const int c = sl * kSliceChunks + qq * kWarpSize + lane;
         if (c < chunks) {
-          va[qq] = ld_cg16(row_a + static_cast<size_t>(c) * 16);
-          if (kb >= 0) vb[qq] = ld_cg16(row_b + static_cast<size_t>(c) * 16);
+#pragma unroll
+          for (int i = 0; i < NR; ++i)
+            if (i == 0 || ks[i] >= 0) v[i][qq] = ld_cg16(row[i] + static_cast<size_t>(c) * 16);
         }
       }
 #pragma unroll
       for (int qq = 0; qq < kUnroll; ++qq) {
-        float f[8];
-        Vec8<Tout>::unpack(va[qq], f);
 #pragma unroll
-        for (int i = 0; i < 8; ++i) acc[qq][i] += f[i];
-        if (kb >= 0) {
-          Vec8<Tout>::unpack(vb[qq], f);
+        for (int i = 0; i < NR; ++i) {
+          if (i > 0 && ks[i] < 0) continue;
+          float f[8];
+          Vec8<Tout>::unpack(v[i][qq], f);
 #pragma unroll
-          for (int i = 0; i < 8; ++i) acc[qq][i] += f[i];
+          for (int x = 0; x < 8; ++x) acc[qq][x] += f[x];
         }
       }
     }
@@ -371,7 +411,7 @@ __device__ void finish_layer(const CommParams& p, uint64_t seq, const LayerTail&
 
 // __grid_constant__: the cold paths take p by reference; without it every thread keeps a stack
 // copy of it (docs/ARCHITECTURE.md, kernel code conventions).
-template <typename Tin, typename Tout, bool kLarge>
+template <typename Tin, typename Tout, bool kLarge, bool kP2P>
 __global__ void __launch_bounds__(kThreads, 1)
     combine_kernel(const __grid_constant__ CommParams p, const __grid_constant__ CombineIO io, bool do_send,
                    bool do_recv) {
@@ -379,11 +419,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   wait_previous_kernel();
   const uint64_t seq = *reinterpret_cast<volatile uint64_t*>(&p.state->seq) + 1;
   LayerTail tail;
-  if (do_recv) tail.load(p);
-  if (do_send) combine_send<Tin, Tout, kLarge>(p, io, seq, smem);
+  RecvFirst first;
+  if (do_recv) tail.load(p), first.load(p, io, seq);
+  if (do_send) combine_send<Tin, Tout, kLarge, kP2P>(p, io, seq, smem);
   EPKIT_STAGE(p, kStPartialsSent);
   if (do_recv) {
-    combine_recv<Tout>(p, io, seq);
+    combine_recv<Tout, kLarge>(p, io, seq, first);
     finish_layer(p, seq, tail);
   }
 }
@@ -391,7 +432,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 template <typename Tin, typename Tout>
 cudaError_t launch_typed(const CommParams& p, const CombineIO& io, bool s, bool r, const LaunchShape& sh,
                          cudaStream_t st) {
-  auto kernel = large_variant(p, io.m) ? combine_kernel<Tin, Tout, true> : combine_kernel<Tin, Tout, false>;
+  const bool large = large_variant(p, io.m);
+  auto kernel = large ? combine_kernel<Tin, Tout, true, false>
+                : p2p_variant(p, large) ? combine_kernel<Tin, Tout, false, true> : combine_kernel<Tin, Tout, false, false>;
   return launch_after_previous(kernel, sh, st, p, io, s, r);
 }
 
