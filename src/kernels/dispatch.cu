@@ -503,8 +503,19 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
   const int total = sm.msg_off[W];
   const int payload_chunks = p.payload_bytes / 16;
   const uint8_t* recv = sym_at<uint8_t>(p, p.off_dispatch_recv);
-  for (int q = blockIdx.x * kWarps + warp; q < total * nsd; q += gridDim.x * kWarps) {
-    const int qm = q / nsd, sl = q % nsd;
+  // The copy's units are (message, slice, entry group): entry group g stores the entries k with
+  // k % G == g, for the largest G <= K whose units fit in one wave of the grid's warps. At decode
+  // that spreads a message's K rows over K warps (a 1-token V3 message: 32 warps, not 4 storing 8
+  // rows each, 2.3 us of stores from one SM); from one unit per warp on, G = 1 as before.
+#ifdef EPKIT_AB_NO_SPREAD
+  const int G = 1;
+#else
+  const int grid_warps = static_cast<int>(gridDim.x) * kWarps, slices = total * nsd;
+  const int G = slices > 0 ? max(1, min(K, grid_warps / slices)) : 1;
+#endif
+  for (int q = blockIdx.x * kWarps + warp; q < total * nsd * G; q += gridDim.x * kWarps) {
+    const int g = q % G, qs = q / G;  // neighbouring warps: the same slice, other entries
+    const int qm = qs / nsd, sl = qs % nsd;
     const int s = source_of_message(sm.msg_off, W, qm), j = qm - sm.msg_off[s];
     const uint8_t* msg = recv + (static_cast<size_t>(s) * S + j) * p.msg_bytes;
     const int32_t* hdr = reinterpret_cast<const int32_t*>(msg);
@@ -534,7 +545,7 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
         slot = expert_row(p, el, pos, packed_first(sm, W));
       }
     }
-    if (sl == 0) {
+    if (sl == 0 && g == 0) {
       int32_t* map = p.recv_map + (static_cast<size_t>(s) * S + j) * (K + 1);
       if (lane == 0) map[0] = __ldcg(hdr);
       if (lane < K) map[1 + lane] = slot;
@@ -543,7 +554,7 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
             tag_word(seq, static_cast<uint32_t>(__ldcg(hdr + 4 + 2 * K + lane)));
     }
     int slots[kMaxTopK];
-    store_slice_to_slots(p, io, v, slot, sl, lane, payload_chunks, slots);
+    store_slice_to_slots(p, io, v, lane % G == g ? slot : -1, sl, lane, payload_chunks, slots);
     if (sl == 0 && p.num_scales > 0) {
 #pragma unroll
       for (int k = 0; k < kMaxTopK; ++k) {
