@@ -222,9 +222,6 @@ AllToAll::AllToAll(const Communicator& comm, const AllToAllConfig& cfg_in) : imp
   for (int r = 0; r < kernels::kParamPeers; ++r) p.peer_param[r] = r < cfg.world_size ? peers[r] : nullptr;
   p.all_p2p = 1;
   for (uint8_t* pb : peers) p.all_p2p &= pb != nullptr ? 1 : 0;
-#ifdef EPKIT_AB_NO_P2P_VARIANT  // A/B: every object runs the kernels with the portable branches
-  p.all_p2p = 0;
-#endif
   const SymmetricLayout& s = I.sym_layout;
   p.off_dispatch_recv = s.dispatch_recv;
   p.off_dispatch_stage = s.dispatch_stage;

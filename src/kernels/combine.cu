@@ -14,25 +14,15 @@ namespace epkit::kernels {
 
 namespace {
 
-// Takes the next (up to) N set bits of `mask`, the lowest first; ks[i] is -1 past the last one.
-// The loops below handle N expert rows or partials at a time so that all N rows' loads are in
-// flight together (one at a time, each cost a full memory round trip).
-template <int N>
-__device__ __forceinline__ void take_bits(unsigned& mask, int (&ks)[N]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) {
-    ks[i] = mask ? __ffs(mask) - 1 : -1;
-    mask &= mask - 1;  // no-op once mask is 0
-  }
+// Takes the next one or two set bits of `mask` (the lowest first); b is -1 when only one was left.
+// The loops below handle two expert rows or partials at a time so both rows' loads are in flight
+// together (one at a time, each cost a full memory round trip).
+__device__ __forceinline__ void take_pair(unsigned& mask, int& a, int& b) {
+  a = __ffs(mask) - 1;
+  mask &= mask - 1;
+  b = mask ? __ffs(mask) - 1 : -1;
+  if (b >= 0) mask &= mask - 1;
 }
-// Rows in flight per warp: in the small variant four 16-bit rows (16 int4 per lane at 1024
-// elements per slice), else two (two fp32 rows take the same registers; the large variant, whose
-// warps take many slices, keeps its loop free of spills).
-#ifdef EPKIT_AB_PAIRS  // A/B: two rows at a time (the previous code)
-template <typename T, bool kLarge> inline constexpr int kRowsInFlight = 2;
-#else
-template <typename T, bool kLarge> inline constexpr int kRowsInFlight = sizeof(T) == 2 && !kLarge ? 4 : 2;
-#endif
 
 // The P2P arrival flags of a warp's last few partial slices, raised together behind one system
 // fence: a release per slice stalled the warp on its remote stores after every slice (at prefill,
@@ -168,38 +158,33 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
     for (int qq = 0; qq < kUnroll; ++qq)
 #pragma unroll
       for (int i = 0; i < 8; ++i) acc[qq][i] = 0.f;
-    // The message's local experts, kRowsInFlight at a time.
-    constexpr int NR = kRowsInFlight<Tin, kLarge>;
+    // The message's local experts, two at a time.
     for (unsigned kmask = __ballot_sync(0xffffffffu, lane < K && slot >= 0); kmask;) {
-      int ks[NR];
-      take_bits(kmask, ks);
-      const Tin* row[NR];
-      float wr[NR];
-#pragma unroll
-      for (int i = 0; i < NR; ++i) {
-        const int src = ks[i] < 0 ? ks[0] : ks[i];
-        row[i] = y + static_cast<size_t>(__shfl_sync(0xffffffffu, slot, src)) * H;
-        wr[i] = __shfl_sync(0xffffffffu, wk, src);
-      }
-      RawRow<Tin> rr[NR][kUnroll];
+      int ka, kb;
+      take_pair(kmask, ka, kb);
+      const int slot_a = __shfl_sync(0xffffffffu, slot, ka), slot_b = __shfl_sync(0xffffffffu, slot, kb < 0 ? ka : kb);
+      const float w_a = __shfl_sync(0xffffffffu, wk, ka), w_b = __shfl_sync(0xffffffffu, wk, kb < 0 ? ka : kb);
+      const Tin* row_a = y + static_cast<size_t>(slot_a) * H;
+      const Tin* row_b = y + static_cast<size_t>(slot_b) * H;
+      RawRow<Tin> ra[kUnroll], rb[kUnroll];
 #pragma unroll
       for (int qq = 0; qq < kUnroll; ++qq) {
         const int c = sl * kSliceChunks + qq * kWarpSize + lane;
         if (c < chunks) {
-#pragma unroll
-          for (int i = 0; i < NR; ++i)
-            if (i == 0 || ks[i] >= 0) rr[i][qq].load(row[i] + c * 8);
+          ra[qq].load(row_a + c * 8);
+          if (kb >= 0) rb[qq].load(row_b + c * 8);
         }
       }
 #pragma unroll
       for (int qq = 0; qq < kUnroll; ++qq) {
+        float v[8];
+        ra[qq].unpack(v);
 #pragma unroll
-        for (int i = 0; i < NR; ++i) {
-          if (i > 0 && ks[i] < 0) continue;
-          float v[8];
-          rr[i][qq].unpack(v);
+        for (int i = 0; i < 8; ++i) acc[qq][i] = fmaf(w_a, v[i], acc[qq][i]);
+        if (kb >= 0) {
+          rb[qq].unpack(v);
 #pragma unroll
-          for (int x = 0; x < 8; ++x) acc[qq][x] = fmaf(wr[i], v[x], acc[qq][x]);
+          for (int i = 0; i < 8; ++i) acc[qq][i] = fmaf(w_b, v[i], acc[qq][i]);
         }
       }
     }
@@ -261,29 +246,13 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
   }
 }
 
-// The token side's first index load, issued at the start of the kernel (before the send half of a
-// fused call) so that it is not one more round trip after the partials' flags: this warp's first
-// (token, slice) and lane k's entry of that token.
-struct RecvFirst {
-  int m = 0;
-  ExpertWord idx = no_expert_word();
-  __device__ void load(const CommParams& p, const CombineIO& io, uint64_t seq) {
-    const int lane = threadIdx.x % kWarpSize, q = blockIdx.x * kWarps + threadIdx.x / kWarpSize;
-    m = resolve_num_tokens(p, io.m, kPhaseCombineRecv, seq, false);
-#ifndef EPKIT_AB_NO_RECV_PREFETCH
-    if (q < m * p.combine_slices && lane < p.topk)
-      idx = load_expert(io.topk_idx, io.idx_type, static_cast<int64_t>(q / p.combine_slices) * p.topk + lane);
-#endif
-  }
-};
-
-template <typename Tout, bool kLarge>
-__device__ void combine_recv(const CommParams& p, const CombineIO& io, uint64_t seq, const RecvFirst& first) {
+template <typename Tout>
+__device__ void combine_recv(const CommParams& p, const CombineIO& io, uint64_t seq) {
   const int W = p.world_size, L = p.num_local_experts, K = p.topk, M = p.max_tokens, H = p.hidden;
   const int nsc = p.combine_slices;
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
   const int gw = blockIdx.x * kWarps + warp, nw = gridDim.x * kWarps;
-  const int m = first.m;
+  const int m = resolve_num_tokens(p, io.m, kPhaseCombineRecv, seq, false);
   const uint64_t* flags = sym_at<uint64_t>(p, p.off_combine_flag);
   const uint8_t* partials = sym_at<uint8_t>(p, p.off_combine_recv);
   const size_t out_row = p.out_row_bytes;
@@ -292,15 +261,9 @@ __device__ void combine_recv(const CommParams& p, const CombineIO& io, uint64_t 
 
   for (int q = gw; q < m * nsc; q += nw) {
     const int t = q / nsc, sl = q % nsc;
-#ifdef EPKIT_AB_NO_RECV_PREFETCH
-    const ExpertWord xw = lane < K ? load_expert(io.topk_idx, io.idx_type, static_cast<int64_t>(t) * K + lane)
-                                   : no_expert_word();
-#else
-    const ExpertWord xw = q == gw ? first.idx
-                          : lane < K ? load_expert(io.topk_idx, io.idx_type, static_cast<int64_t>(t) * K + lane)
-                                     : no_expert_word();
-#endif
-    const int e = decode_expert(p, xw, io.idx_type, kPhaseCombineRecv, t, seq, false);
+    const int e = lane < K ? read_expert(p, io.topk_idx, io.idx_type, static_cast<int64_t>(t) * K + lane,
+                                         kPhaseCombineRecv, t, seq, false)
+                           : -1;
     const int r = e >= 0 ? e / L : -1;
     const unsigned same = __match_any_sync(0xffffffffu, r);
     const bool first = e >= 0 && (same & ((1u << lane) - 1)) == 0;
@@ -315,34 +278,32 @@ __device__ void combine_recv(const CommParams& p, const CombineIO& io, uint64_t 
     for (int qq = 0; qq < kUnroll; ++qq)
 #pragma unroll
       for (int i = 0; i < 8; ++i) acc[qq][i] = 0.f;
-    // The partials, kRowsInFlight ranks at a time.
-    constexpr int NR = 2;  // four spilled 60 bytes more in the small variants; no gain below W = 4
+    // The partials, two ranks at a time.
     for (unsigned km = dmask; km;) {
-      int ks[NR];
-      take_bits(km, ks);
-      const uint8_t* row[NR];
-#pragma unroll
-      for (int i = 0; i < NR; ++i)
-        row[i] = partials + (static_cast<size_t>(__shfl_sync(0xffffffffu, r, ks[i] < 0 ? ks[0] : ks[i])) * M + t) * out_row;
-      int4 v[NR][kUnroll];
+      int ka, kb;
+      take_pair(km, ka, kb);
+      const int ra = __shfl_sync(0xffffffffu, r, ka), rb = __shfl_sync(0xffffffffu, r, kb < 0 ? ka : kb);
+      const uint8_t* row_a = partials + (static_cast<size_t>(ra) * M + t) * out_row;
+      const uint8_t* row_b = partials + (static_cast<size_t>(rb) * M + t) * out_row;
+      int4 va[kUnroll], vb[kUnroll];
 #pragma unroll
       for (int qq = 0; qq < kUnroll; ++qq) {
         const int c = sl * kSliceChunks + qq * kWarpSize + lane;
         if (c < chunks) {
-#pragma unroll
-          for (int i = 0; i < NR; ++i)
-            if (i == 0 || ks[i] >= 0) v[i][qq] = ld_cg16(row[i] + static_cast<size_t>(c) * 16);
+          va[qq] = ld_cg16(row_a + static_cast<size_t>(c) * 16);
+          if (kb >= 0) vb[qq] = ld_cg16(row_b + static_cast<size_t>(c) * 16);
         }
       }
 #pragma unroll
       for (int qq = 0; qq < kUnroll; ++qq) {
+        float f[8];
+        Vec8<Tout>::unpack(va[qq], f);
 #pragma unroll
-        for (int i = 0; i < NR; ++i) {
-          if (i > 0 && ks[i] < 0) continue;
-          float f[8];
-          Vec8<Tout>::unpack(v[i][qq], f);
+        for (int i = 0; i < 8; ++i) acc[qq][i] += f[i];
+        if (kb >= 0) {
+          Vec8<Tout>::unpack(vb[qq], f);
 #pragma unroll
-          for (int x = 0; x < 8; ++x) acc[qq][x] += f[x];
+          for (int i = 0; i < 8; ++i) acc[qq][i] += f[i];
         }
       }
     }
@@ -419,12 +380,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   wait_previous_kernel();
   const uint64_t seq = *reinterpret_cast<volatile uint64_t*>(&p.state->seq) + 1;
   LayerTail tail;
-  RecvFirst first;
-  if (do_recv) tail.load(p), first.load(p, io, seq);
+  if (do_recv) tail.load(p);
   if (do_send) combine_send<Tin, Tout, kLarge, kP2P>(p, io, seq, smem);
   EPKIT_STAGE(p, kStPartialsSent);
   if (do_recv) {
-    combine_recv<Tout, kLarge>(p, io, seq, first);
+    combine_recv<Tout>(p, io, seq);
     finish_layer(p, seq, tail);
   }
 }

@@ -356,9 +356,7 @@ static __device__ __noinline__ void packed_first_rows(const CommParams& p, const
 // Peer r's address of our symmetric base, or null (no P2P: put-with-signal). Ranks below
 // kParamPeers come from the parameters (constant bank), the rest from the device table.
 __device__ __forceinline__ uint8_t* peer_base(const CommParams& p, int r) {
-#ifndef EPKIT_AB_PEER_TABLE
   if (r < kParamPeers) return p.peer_param[r];
-#endif
   return p.peer_bases[r];
 }
 // peer_base in a kernel variant for objects whose every rank is P2P-mapped (kP2P, see

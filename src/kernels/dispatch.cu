@@ -196,19 +196,6 @@ __device__ bool dispatch_send(const CommParams& p, const DispatchIO& io, uint64_
   const int u0 = static_cast<int>(static_cast<int64_t>(n_own) * blockIdx.x / gridDim.x);
   const int u1 = static_cast<int>(static_cast<int64_t>(n_own) * (blockIdx.x + 1) / gridDim.x);
 
-  // Phase B's first (token, slice) of this warp, loaded before the histogram: at decode that load
-  // was the round trip after the ranks, now it hides behind the count. The P2P variant only: in
-  // the others the 20 registers it holds spilled 160 bytes.
-#ifdef EPKIT_AB_NO_PRELOAD
-  constexpr bool kPreload = false;
-#else
-  constexpr bool kPreload = kP2P;
-#endif
-  int4 v_first[kUnroll];
-  float sc_first[kScaleRegs];
-  const bool preloaded = kPreload && warp < min(kRoundTokens, u1 - u0) * nsd;
-  if (preloaded) load_own_slice(p, io, (u0 + warp / nsd) * D + gi, warp % nsd, lane, v_first, sc_first);
-
   for (int x = threadIdx.x; x < E; x += blockDim.x) sm.cnt_total[x] = 0, sm.run_e[x] = 0;
   for (int x = threadIdx.x; x < W; x += blockDim.x) sm.dst_total[x] = 0, sm.run_d[x] = 0, sm.blk_sent[x] = 0;
   __syncthreads();
@@ -240,10 +227,6 @@ __device__ bool dispatch_send(const CommParams& p, const DispatchIO& io, uint64_
         const int u = base + q * step + sub;
         xw[q] = u < h1 && k < K ? load_expert(io.topk_idx, io.idx_type, static_cast<int64_t>(u * D + gi) * K + k)
                                 : no_expert_word();
-#ifdef EPKIT_AB_SERIAL_HIST  // A/B: decode each entry as it is loaded (the previous code)
-        const int e = decode_expert(p, xw[q], io.idx_type, kPhaseDispatchSend, u * D + gi, seq, blockIdx.x == 0 || lookback);
-        xw[q] = e < 0 ? no_expert_word() : ExpertWord{static_cast<uint32_t>(e), 0u};
-#endif
       }
 #pragma unroll
       for (int q = 0; q < kHistUnroll; ++q) {
@@ -331,14 +314,7 @@ __device__ bool dispatch_send(const CommParams& p, const DispatchIO& io, uint64_
 
       int4 v[kUnroll];
       float scv[kScaleRegs];
-      if (preloaded && r0 == u0 && w == warp) {
-#pragma unroll
-        for (int q = 0; q < kUnroll; ++q) v[q] = v_first[q];
-#pragma unroll
-        for (int i = 0; i < kScaleRegs; ++i) scv[i] = sc_first[i];
-      } else {
-        load_own_slice(p, io, t, sl, lane, v, scv);
-      }
+      load_own_slice(p, io, t, sl, lane, v, scv);
       // Slice 0 also carries the header and the scales.
       int32_t hw0 = 0, hw1 = 0;
       if (sl == 0) {
@@ -435,11 +411,7 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
   // The arrival counters are waited for by the block's last threads (thread kThreads - 1 - s for
   // source s), the offsets computed by its first: the two overlap. Its base is loaded before the
   // waits so that its latency hides behind them.
-#ifdef EPKIT_AB_CTR_FIRST  // A/B: thread s waits (the previous code)
-  const int my_src = threadIdx.x;
-#else
   const int my_src = kThreads - 1 - static_cast<int>(threadIdx.x);
-#endif
   const uint64_t my_base = my_src >= 0 && my_src < W ? p.recv_base[my_src] : 0;
   // Every thread of the block leaves together or not at all: a thread that left alone could leave
   // the others waiting at a later __syncthreads. __syncthreads_or gives them one answer.
@@ -503,19 +475,8 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
   const int total = sm.msg_off[W];
   const int payload_chunks = p.payload_bytes / 16;
   const uint8_t* recv = sym_at<uint8_t>(p, p.off_dispatch_recv);
-  // The copy's units are (message, slice, entry group): entry group g stores the entries k with
-  // k % G == g, for the largest G <= K whose units fit in one wave of the grid's warps. At decode
-  // that spreads a message's K rows over K warps (a 1-token V3 message: 32 warps, not 4 storing 8
-  // rows each, 2.3 us of stores from one SM); from one unit per warp on, G = 1 as before.
-#ifdef EPKIT_AB_NO_SPREAD
-  const int G = 1;
-#else
-  const int grid_warps = static_cast<int>(gridDim.x) * kWarps, slices = total * nsd;
-  const int G = slices > 0 ? max(1, min(K, grid_warps / slices)) : 1;
-#endif
-  for (int q = blockIdx.x * kWarps + warp; q < total * nsd * G; q += gridDim.x * kWarps) {
-    const int g = q % G, qs = q / G;  // neighbouring warps: the same slice, other entries
-    const int qm = qs / nsd, sl = qs % nsd;
+  for (int q = blockIdx.x * kWarps + warp; q < total * nsd; q += gridDim.x * kWarps) {
+    const int qm = q / nsd, sl = q % nsd;
     const int s = source_of_message(sm.msg_off, W, qm), j = qm - sm.msg_off[s];
     const uint8_t* msg = recv + (static_cast<size_t>(s) * S + j) * p.msg_bytes;
     const int32_t* hdr = reinterpret_cast<const int32_t*>(msg);
@@ -545,7 +506,7 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
         slot = expert_row(p, el, pos, packed_first(sm, W));
       }
     }
-    if (sl == 0 && g == 0) {
+    if (sl == 0) {
       int32_t* map = p.recv_map + (static_cast<size_t>(s) * S + j) * (K + 1);
       if (lane == 0) map[0] = __ldcg(hdr);
       if (lane < K) map[1 + lane] = slot;
@@ -554,7 +515,7 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
             tag_word(seq, static_cast<uint32_t>(__ldcg(hdr + 4 + 2 * K + lane)));
     }
     int slots[kMaxTopK];
-    store_slice_to_slots(p, io, v, lane % G == g ? slot : -1, sl, lane, payload_chunks, slots);
+    store_slice_to_slots(p, io, v, slot, sl, lane, payload_chunks, slots);
     if (sl == 0 && p.num_scales > 0) {
 #pragma unroll
       for (int k = 0; k < kMaxTopK; ++k) {
