@@ -117,6 +117,7 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
   __syncthreads();
   if (threadIdx.x == 0) {
     int acc = 0, most = 0;
+#pragma unroll 1  // one thread, W steps: unrolled it was 150 instructions
     for (int s = 0; s < W; ++s) sm.msg_off[s] = acc, acc += sm.nmsg[s], most = max(most, sm.nmsg[s]);
     sm.msg_off[W] = acc;
     sm.msg_off[W + 1] = most;
@@ -248,7 +249,7 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
 
 template <typename Tout>
 __device__ void combine_recv(const CommParams& p, const CombineIO& io, uint64_t seq) {
-  const int W = p.world_size, L = p.num_local_experts, K = p.topk, M = p.max_tokens, H = p.hidden;
+  const int W = p.world_size, K = p.topk, M = p.max_tokens, H = p.hidden;
   const int nsc = p.combine_slices;
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
   const int gw = blockIdx.x * kWarps + warp, nw = gridDim.x * kWarps;
@@ -264,7 +265,7 @@ __device__ void combine_recv(const CommParams& p, const CombineIO& io, uint64_t 
     const int e = lane < K ? read_expert(p, io.topk_idx, io.idx_type, static_cast<int64_t>(t) * K + lane,
                                          kPhaseCombineRecv, t, seq, false)
                            : -1;
-    const int r = e >= 0 ? e / L : -1;
+    const int r = e >= 0 ? expert_rank(e, p.rank_div) : -1;
     const unsigned same = __match_any_sync(0xffffffffu, r);
     const bool first = e >= 0 && (same & ((1u << lane) - 1)) == 0;
     bool ok = true;

@@ -100,25 +100,26 @@ static __device__ __noinline__ void look_back(const CommParams& p, const SendSme
   __syncthreads();
 }
 
-// Lane k holds `slot` for the token's entry k (-1: not here): every lane gets all of them in
-// `slots`, and the warp stores its slice (four 16-byte chunks per lane) to each slot's row of
-// expert_x. Shared by the receive copy and the send half's own-token fan-out.
-__device__ __forceinline__ void store_slice_to_slots(const CommParams& p, const DispatchIO& io,
-                                                     const int4 (&v)[kUnroll], int slot, int sl, int lane,
-                                                     int payload_chunks, int (&slots)[kMaxTopK]) {
-  const int K = p.topk;
-#pragma unroll
-  for (int k = 0; k < kMaxTopK; ++k) slots[k] = __shfl_sync(0xffffffffu, slot, k);
-#pragma unroll
-  for (int k = 0; k < kMaxTopK; ++k) {
-    if (k >= K || slots[k] < 0) continue;
-    int4* dst = reinterpret_cast<int4*>(io.expert_x + static_cast<size_t>(slots[k]) * p.payload_bytes);
+// Lane k holds `slot` for the token's entry k (-1: not here). The warp stores its slice (four
+// 16-byte chunks per lane) to each slot's row of expert_x, and returns the mask of lanes with a
+// slot. A rolled loop over that mask: unrolled over kMaxTopK, this and the scales' loop were 600
+// instructions of the general dispatch kernel, and code a call skips still costs it at decode.
+// Shared by the receive copy and the send half's own-token fan-out.
+__device__ __forceinline__ unsigned store_slice_to_slots(const CommParams& p, const DispatchIO& io,
+                                                         const int4 (&v)[kUnroll], int slot, int sl, int lane,
+                                                         int payload_chunks) {
+  const unsigned mask = __ballot_sync(0xffffffffu, lane < p.topk && slot >= 0);
+#pragma unroll 1
+  for (unsigned m = mask; m; m &= m - 1) {
+    const int sk = __shfl_sync(0xffffffffu, slot, __ffs(m) - 1);
+    int4* dst = reinterpret_cast<int4*>(io.expert_x + static_cast<size_t>(sk) * p.payload_bytes);
 #pragma unroll
     for (int q = 0; q < kUnroll; ++q) {
       const int c = sl * kSliceChunks + q * kWarpSize + lane;
       if (c < payload_chunks) dst[c] = v[q];
     }
   }
+  return mask;
 }
 
 // Slice sl of own token t's payload (four 16-byte chunks per lane) and, for slice 0, its first
@@ -150,14 +151,12 @@ static __device__ __noinline__ void write_own(const CommParams& p, const Dispatc
                                               uint64_t seq) {
   const int K = p.topk, lane = threadIdx.x % kWarpSize;
   const int4 v[kUnroll] = {v0, v1, v2, v3};  // by value: a reference would put the caller's slice on the stack
-  int slots[kMaxTopK];
-  store_slice_to_slots(p, io, v, slot, sl, lane, p.payload_bytes / 16, slots);
+  const unsigned mask = store_slice_to_slots(p, io, v, slot, sl, lane, p.payload_bytes / 16);
   if (sl != 0) return;
   for (int x = lane; x < p.num_scales; x += kWarpSize) {
     const float val = __ldg(src_scale + x);
-#pragma unroll
-    for (int k = 0; k < kMaxTopK; ++k)
-      if (k < K && slots[k] >= 0) io.expert_x_scale[static_cast<size_t>(slots[k]) * p.num_scales + x] = val;
+    for (unsigned m = mask; m; m &= m - 1)
+      io.expert_x_scale[static_cast<size_t>(__shfl_sync(0xffffffffu, slot, __ffs(m) - 1)) * p.num_scales + x] = val;
   }
   int32_t* map = p.recv_map + static_cast<size_t>(msg) * (K + 1);
   if (lane == 0) map[0] = t;
@@ -232,7 +231,7 @@ __device__ bool dispatch_send(const CommParams& p, const DispatchIO& io, uint64_
       for (int q = 0; q < kHistUnroll; ++q) {
         const int u = base + q * step + sub;
         const int e = decode_expert(p, xw[q], io.idx_type, kPhaseDispatchSend, u * D + gi, seq, blockIdx.x == 0 || lookback);
-        const int r = e >= 0 ? e / L : -1;
+        const int r = e >= 0 ? expert_rank(e, p.rank_div) : -1;
         // Lanes of the same token with the same destination: the lowest one counts the message.
         const unsigned same = __match_any_sync(0xffffffffu, e >= 0 ? sub * W + r : -1 - lane);
         // The first round's entries stay in shared memory: phase A reads them from there.
@@ -263,6 +262,7 @@ __device__ bool dispatch_send(const CommParams& p, const DispatchIO& io, uint64_
     // data is still on its way; a portable one after the put's signal.
     uint64_t* dst = pb ? reinterpret_cast<uint64_t*>(pb + p.off_dispatch_counts) + static_cast<size_t>(me) * (L + 1)
                        : sym_at<uint64_t>(p, p.off_dispatch_count_stage) + static_cast<size_t>(d) * (L + 1);
+#pragma unroll 1
     for (int el = lane; el < L; el += kWarpSize) st_relaxed_sys(dst + el, tag_word(seq, sm.cnt_total[d * L + el]));
     if (lane == 0) st_relaxed_sys(dst + L, tag_word(seq, sm.dst_total[d]));
     __syncwarp();
@@ -287,11 +287,12 @@ __device__ bool dispatch_send(const CommParams& p, const DispatchIO& io, uint64_
                                : read_expert(p, io.topk_idx, io.idx_type, static_cast<int64_t>(t) * K + lane,
                                              kPhaseDispatchSend, t, seq, false);
       const int rk = e >= 0 ? atomicAdd(&sm.run_e[e], 1) : 0;
-      const int r = e >= 0 ? e / L : -1;
+      const int r = e >= 0 ? expert_rank(e, p.rank_div) : -1;
       const unsigned same = __match_any_sync(0xffffffffu, r);
       const bool first = e >= 0 && (same & ((1u << lane) - 1)) == 0;
       const int j = first ? atomicAdd(&sm.run_d[r], 1) : -1;
       int32_t* slot_row = p.send_slot + static_cast<size_t>(u) * W;
+#pragma unroll 1  // rolled, like the short loops below: unrolled, they were 400 instructions
       for (int x = lane; x < W; x += kWarpSize) slot_row[x] = -1;
       __syncwarp();
       if (first) slot_row[r] = j;
@@ -308,7 +309,7 @@ __device__ bool dispatch_send(const CommParams& p, const DispatchIO& io, uint64_
       const int ui = w / nsd, sl = w % nsd, u = r0 + ui, t = u * D + gi;
       const int e = lane < K ? sm.tok_e[ui * K + lane] : -1;
       const int j = lane < K ? sm.tok_j[ui * K + lane] : -1;
-      const int r = e >= 0 ? e / L : -1;
+      const int r = e >= 0 ? expert_rank(e, p.rank_div) : -1;
       const unsigned dmask = __ballot_sync(0xffffffffu, j >= 0);
       if (dmask == 0) continue;
 
@@ -434,6 +435,7 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
   // (me + 1, ..., W - 1, 0, ..., me - 1), one contiguous run per source.
   for (int el = threadIdx.x; el < L; el += blockDim.x) {
     int acc = 0;
+#pragma unroll 1
     for (int i = 0; i < W; ++i) {
       const int s = me + i < W ? me + i : me + i - W;
       sm.off[s * L + el] = acc;
@@ -446,15 +448,15 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
       if (acc > cap) record_error(p, kErrCapacity, kPhaseDispatchRecv, kWaitNone, -1, me * L + el, -1, acc, cap, seq);
     }
   }
-  if (p.packed) {  // every block needs every expert's first row
+  if (p.packed) {  // every block needs every expert's first row (out of line: masked calls skip it)
     __syncthreads();
     int* first = packed_first(sm, W);
     int* tot = first + L + 1;
-    block_aligned_prefix(L, p.packed_row_align, [&](int el) { return tot[el]; }, first, tot + L);
-    if (blockIdx.x == 0) write_packed_counts(p, io, tot, first, kPhaseDispatchRecv, seq);
+    packed_first_rows(p, io, tot, first, tot + L, kPhaseDispatchRecv, seq);
   }
   if (threadIdx.x == 0) {  // the messages to copy (none of our own with direct_self: the send half placed them)
     int acc = 0;
+#pragma unroll 1
     for (int s = 0; s < W; ++s) sm.msg_off[s] = acc, acc += direct_self && s == me ? 0 : sm.nmsg[s];
     sm.msg_off[W] = acc;
   }
@@ -500,7 +502,7 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
     if (lane < K) {
       const int e = __ldcg(hdr + 4 + 2 * lane);
       const int rk = __ldcg(hdr + 5 + 2 * lane);
-      if (e >= 0 && e / L == me) {
+      if (e >= 0 && expert_rank(e, p.rank_div) == me) {
         const int el = e - me * L;
         const int pos = sm.off[s * L + el] + rk;
         slot = expert_row(p, el, pos, packed_first(sm, W));
@@ -514,22 +516,19 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
         sym_at<uint64_t>(p, p.off_weights_recv)[(static_cast<size_t>(s) * S + j) * K + lane] =
             tag_word(seq, static_cast<uint32_t>(__ldcg(hdr + 4 + 2 * K + lane)));
     }
-    int slots[kMaxTopK];
-    store_slice_to_slots(p, io, v, slot, sl, lane, payload_chunks, slots);
+    const unsigned mask = store_slice_to_slots(p, io, v, slot, sl, lane, payload_chunks);
     if (sl == 0 && p.num_scales > 0) {
-#pragma unroll
-      for (int k = 0; k < kMaxTopK; ++k) {
-        if (k >= K || slots[k] < 0) continue;
-        float* dst = io.expert_x_scale + static_cast<size_t>(slots[k]) * p.num_scales;
+#pragma unroll 1
+      for (unsigned m = mask; m; m &= m - 1) {
+        float* dst = io.expert_x_scale + static_cast<size_t>(__shfl_sync(0xffffffffu, slot, __ffs(m) - 1)) * p.num_scales;
 #pragma unroll
         for (int i = 0; i < kScaleRegs; ++i)
           if (i * kWarpSize + lane < p.num_scales) dst[i * kWarpSize + lane] = scv[i];
       }
       for (int x = kScaleRegs * kWarpSize + lane; x < p.num_scales; x += kWarpSize) {  // hidden > 16384
         const float val = __ldcg(sc + x);
-#pragma unroll
-        for (int k = 0; k < kMaxTopK; ++k)
-          if (k < K && slots[k] >= 0) io.expert_x_scale[static_cast<size_t>(slots[k]) * p.num_scales + x] = val;
+        for (unsigned m = mask; m; m &= m - 1)
+          io.expert_x_scale[static_cast<size_t>(__shfl_sync(0xffffffffu, slot, __ffs(m) - 1)) * p.num_scales + x] = val;
       }
     }
   }

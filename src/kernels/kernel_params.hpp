@@ -112,7 +112,18 @@ struct CommParams {
   int32_t* local_counts; // [E], world size 1: large dispatch's per-expert counters (zeroed by combine),
                          // or dispatch_send's totals for dispatch_recv
   int all_p2p;           // 1: every rank's base is P2P-mapped (no put-with-signal anywhere)
+  uint32_t rank_div;     // expert_rank_div(L): e / L as one multiply (expert_rank)
 };
+
+// The rank holding expert e, e / L, without a division (a runtime division is ~20 instructions,
+// and the general kernels had eleven inlined copies): (e * 2^8 * d) >> 32 with d = ceil(2^24 / L).
+// Exact for 0 <= e < 4096 and 1 <= L <= 4096 (config.cpp's kMaxExperts): with d * L = 2^24 + r,
+// 0 <= r < L, e * d / 2^24 = e / L + e * r / (L * 2^24), and e * r < 2^24 keeps the excess below
+// 1 / L, less than e / L's distance to the next integer (CPU-tested over every e and L).
+constexpr uint32_t expert_rank_div(int L) { return static_cast<uint32_t>(((1u << 24) + L - 1) / L); }
+constexpr int expert_rank(int e, uint32_t div) {
+  return static_cast<int>((static_cast<uint64_t>(static_cast<uint32_t>(e) << 8) * div) >> 32);
+}
 
 // Index dtype codes for topk_idx.
 enum IndexType : int32_t { kIdxInt32 = 0, kIdxInt64 = 1, kIdxUInt32 = 2 };

@@ -226,6 +226,27 @@ TEST(LocalShape, LargeVariantOnlyForCallsThatMayBeLarge) {
   EXPECT_FALSE(kernels::large_variant(p, kernels::TokenCount{-1, &dev, 4096}));
 }
 
+// World size >= 2: the rank of expert e is e / L, computed as one multiply (kernels::expert_rank):
+// exact for every expert index and local-expert count the configuration allows (E <= 4096).
+TEST(LocalShape, ExpertRankIsTheExactQuotient) {
+  for (int L = 1; L <= 4096; ++L) {
+    const uint32_t d = kernels::expert_rank_div(L);
+    for (int e = 0; e < 4096; ++e)
+      if (kernels::expert_rank(e, d) != e / L) FAIL() << "e = " << e << ", L = " << L << ": " << kernels::expert_rank(e, d);
+  }
+}
+
+// The P2P-only small variants run only where every rank is P2P-mapped, and never for large calls.
+TEST(LocalShape, P2PVariantOnlyForAllP2PObjectsAndSmallCalls) {
+  kernels::CommParams p{};
+  p.all_p2p = 1;
+  EXPECT_TRUE(kernels::p2p_variant(p, false));
+  EXPECT_FALSE(kernels::p2p_variant(p, true));
+  p.all_p2p = 0;  // one rank reached by put-with-signal (another node, or the portable path)
+  EXPECT_FALSE(kernels::p2p_variant(p, false));
+  EXPECT_FALSE(kernels::p2p_variant(p, true));
+}
+
 TEST(LocalShape, CombineUnitsPerToken) {
   EXPECT_EQ(kernels::local_combine_units(7168, 1), 28);  // 256 elements per unit
   EXPECT_EQ(kernels::local_combine_units(7168, 4), 7);   // 1024
