@@ -153,10 +153,11 @@ static __device__ __noinline__ void write_own(const CommParams& p, const Dispatc
   const int4 v[kUnroll] = {v0, v1, v2, v3};  // by value: a reference would put the caller's slice on the stack
   const unsigned mask = store_slice_to_slots(p, io, v, slot, sl, lane, p.payload_bytes / 16);
   if (sl != 0) return;
-  for (int x = lane; x < p.num_scales; x += kWarpSize) {
-    const float val = __ldg(src_scale + x);
-    for (unsigned m = mask; m; m &= m - 1)
-      io.expert_x_scale[static_cast<size_t>(__shfl_sync(0xffffffffu, slot, __ffs(m) - 1)) * p.num_scales + x] = val;
+  // Slots outer, scales inner: the shuffle runs with every lane (the scale loop's last pass
+  // need not).
+  for (unsigned m = mask; m; m &= m - 1) {
+    float* dst = io.expert_x_scale + static_cast<size_t>(__shfl_sync(0xffffffffu, slot, __ffs(m) - 1)) * p.num_scales;
+    for (int x = lane; x < p.num_scales; x += kWarpSize) dst[x] = __ldg(src_scale + x);
   }
   int32_t* map = p.recv_map + static_cast<size_t>(msg) * (K + 1);
   if (lane == 0) map[0] = t;
@@ -519,16 +520,13 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
     const unsigned mask = store_slice_to_slots(p, io, v, slot, sl, lane, payload_chunks);
     if (sl == 0 && p.num_scales > 0) {
 #pragma unroll 1
-      for (unsigned m = mask; m; m &= m - 1) {
+      for (unsigned m = mask; m; m &= m - 1) {  // warp-uniform: the shuffle runs with every lane
         float* dst = io.expert_x_scale + static_cast<size_t>(__shfl_sync(0xffffffffu, slot, __ffs(m) - 1)) * p.num_scales;
 #pragma unroll
         for (int i = 0; i < kScaleRegs; ++i)
           if (i * kWarpSize + lane < p.num_scales) dst[i * kWarpSize + lane] = scv[i];
-      }
-      for (int x = kScaleRegs * kWarpSize + lane; x < p.num_scales; x += kWarpSize) {  // hidden > 16384
-        const float val = __ldcg(sc + x);
-        for (unsigned m = mask; m; m &= m - 1)
-          io.expert_x_scale[static_cast<size_t>(__shfl_sync(0xffffffffu, slot, __ffs(m) - 1)) * p.num_scales + x] = val;
+        for (int x = kScaleRegs * kWarpSize + lane; x < p.num_scales; x += kWarpSize)  // hidden > 16384
+          dst[x] = __ldcg(sc + x);
       }
     }
   }
