@@ -9,7 +9,9 @@
 #
 #   scripts/bench-ab.sh prepare-lib NAME REF      here: build libepkit.so of REF (or of the working
 #                                                 tree with EPKIT_AB_FLAGS added to local.cu's compile
-#                                                 line, REF = .) into .ab/lib/NAME/, against ./build's
+#                                                 line, and to the units in EPKIT_AB_UNITS, e.g.
+#                                                 "kernels/dispatch kernels/combine", REF = .) into
+#                                                 .ab/lib/NAME/, against ./build's
 #                                                 libepkit_moe.so (the expert kernels, unchanged by a
 #                                                 communication change): minutes on two cores, no GPU
 #   scripts/bench-ab.sh run-libs OUTDIR BUILD [--reps N] [-- epkit-bench args]
