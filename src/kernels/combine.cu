@@ -60,7 +60,7 @@ constexpr int kSliceChunks = kWarpSize * kUnroll;   // 1024 elements: kSliceByte
 
 // kLarge: compiled with the large-call paths (see kLargeCallTokens): messages taken
 // source-interleaved and arrival flags raised kFlagBatch slices at a time.
-// kP2P: every rank P2P-mapped (kernels::p2p_variant), the portable branches compiled out.
+// kP2P: every rank P2P-mapped (KernelVariant::kSmallP2P), the portable branches compiled out.
 template <typename Tin, typename Tout, bool kLarge, bool kP2P>
 __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t seq, int* smem) {
   const int W = p.world_size, K = p.topk, D = p.dp_size, S = p.max_msgs_per_src, M = p.max_tokens, H = p.hidden;
@@ -393,9 +393,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 template <typename Tin, typename Tout>
 cudaError_t launch_typed(const CommParams& p, const CombineIO& io, bool s, bool r, const LaunchShape& sh,
                          cudaStream_t st) {
-  const bool large = large_variant(p, io.m);
-  auto kernel = large ? combine_kernel<Tin, Tout, true, false>
-                : p2p_variant(p, large) ? combine_kernel<Tin, Tout, false, true> : combine_kernel<Tin, Tout, false, false>;
+  const KernelVariant v = kernel_variant(p, io.m);
+  auto kernel = v == KernelVariant::kLarge       ? combine_kernel<Tin, Tout, true, false>
+                : v == KernelVariant::kSmallP2P ? combine_kernel<Tin, Tout, false, true>
+                                                : combine_kernel<Tin, Tout, false, false>;
   return launch_after_previous(kernel, sh, st, p, io, s, r);
 }
 

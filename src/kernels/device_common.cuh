@@ -360,7 +360,7 @@ __device__ __forceinline__ uint8_t* peer_base(const CommParams& p, int r) {
   return p.peer_bases[r];
 }
 // peer_base in a kernel variant for objects whose every rank is P2P-mapped (kP2P, see
-// kernels::p2p_variant): never null there, so the portable path's branches compile out.
+// KernelVariant::kSmallP2P): never null there, so the portable path's branches compile out.
 template <bool kP2P>
 __device__ __forceinline__ uint8_t* peer_at(const CommParams& p, int r) {
   uint8_t* pb = peer_base(p, r);

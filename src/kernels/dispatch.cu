@@ -174,7 +174,7 @@ static __device__ __noinline__ void write_own(const CommParams& p, const Dispatc
 // still advances by the slices, so the bookkeeping is the same as when the message is sent.
 // Returns whether it did (the receive half of the same kernel then skips our own messages).
 // kLarge: compiled with the large-call paths (see kLargeCallTokens); kP2P: every rank P2P-mapped
-// (kernels::p2p_variant), the portable branches compiled out.
+// (KernelVariant::kSmallP2P), the portable branches compiled out.
 template <bool kLarge, bool kP2P>
 __device__ bool dispatch_send(const CommParams& p, const DispatchIO& io, uint64_t seq, int* smem, bool fused) {
   const int E = p.num_experts, W = p.world_size, L = p.num_local_experts, K = p.topk, D = p.dp_size;
@@ -563,9 +563,10 @@ int dispatch_units(int world_size, int max_msgs_per_src, int slices) {
 
 cudaError_t launch_dispatch(const CommParams& p, const DispatchIO& io, bool do_send, bool do_recv,
                             const LaunchShape& shape, cudaStream_t stream) {
-  const bool large = large_variant(p, io.m);
-  auto kernel = large ? dispatch_kernel<true, false>
-                : p2p_variant(p, large) ? dispatch_kernel<false, true> : dispatch_kernel<false, false>;
+  const KernelVariant v = kernel_variant(p, io.m);
+  auto kernel = v == KernelVariant::kLarge       ? dispatch_kernel<true, false>
+                : v == KernelVariant::kSmallP2P ? dispatch_kernel<false, true>
+                                                : dispatch_kernel<false, false>;
   return launch_after_previous(kernel, shape, stream, p, io, do_send, do_recv);
 }
 

@@ -176,11 +176,15 @@ constexpr int own_tokens(int m, int rank, int dp_size) {
 inline bool large_variant(const CommParams& p, const TokenCount& m) {
   return large_capable(p) && (m.dev_m != nullptr || own_tokens(m.host_m, p.rank, p.dp_size) >= kLargeCallTokens);
 }
-// The P2P-only variant of the small kernels (dispatch.cu, combine.cu): an object whose every rank
-// is P2P-mapped (one NVLink domain, the NVLink path) runs small-variant code with the portable
-// path's branches compiled out; code a call never takes still costs it at decode (instruction
-// fetch: the large-call paths cost 1-2 us per call when they were in the small kernels).
-inline bool p2p_variant(const CommParams& p, bool large) { return !large && p.all_p2p != 0; }
+// The kernel variant of a call (dispatch.cu, combine.cu): the large variant where large_variant
+// says so; else, for an object whose every rank is P2P-mapped (one NVLink domain, the NVLink path),
+// the small variant with the portable path's branches compiled out (code a call never takes still
+// costs it at decode: 1.5 us per pair, docs/perf-notes/2026-12-01-general-kernels-s13.md); else
+// the small variant.
+enum class KernelVariant { kSmall, kSmallP2P, kLarge };
+inline KernelVariant kernel_variant(const CommParams& p, const TokenCount& m) {
+  return large_variant(p, m) ? KernelVariant::kLarge : p.all_p2p != 0 ? KernelVariant::kSmallP2P : KernelVariant::kSmall;
+}
 
 // World size 1 (local.cu): objects whose M reaches this count each block's own chunk of tokens and
 // share per-expert counters (one grid-wide step for the packed layout) instead of every block

@@ -238,13 +238,16 @@ TEST(LocalShape, ExpertRankIsTheExactQuotient) {
 
 // The P2P-only small variants run only where every rank is P2P-mapped, and never for large calls.
 TEST(LocalShape, P2PVariantOnlyForAllP2PObjectsAndSmallCalls) {
+  using kernels::KernelVariant;
   kernels::CommParams p{};
+  p.rank = 0, p.dp_size = 1, p.max_msgs_per_src = 4096;
+  const kernels::TokenCount small{1, nullptr, 4096}, large{1024, nullptr, 4096};
   p.all_p2p = 1;
-  EXPECT_TRUE(kernels::p2p_variant(p, false));
-  EXPECT_FALSE(kernels::p2p_variant(p, true));
+  EXPECT_EQ(kernels::kernel_variant(p, small), KernelVariant::kSmallP2P);
+  EXPECT_EQ(kernels::kernel_variant(p, large), KernelVariant::kLarge);
   p.all_p2p = 0;  // one rank reached by put-with-signal (another node, or the portable path)
-  EXPECT_FALSE(kernels::p2p_variant(p, false));
-  EXPECT_FALSE(kernels::p2p_variant(p, true));
+  EXPECT_EQ(kernels::kernel_variant(p, small), KernelVariant::kSmall);
+  EXPECT_EQ(kernels::kernel_variant(p, large), KernelVariant::kLarge);
 }
 
 TEST(LocalShape, CombineUnitsPerToken) {
