@@ -123,9 +123,9 @@ __device__ __forceinline__ unsigned store_slice_to_slots(const CommParams& p, co
 }
 
 // Slice sl of own token t's payload (four 16-byte chunks per lane) and, for slice 0, its first
-// kScaleRegs * 32 scales: the send half's loads, batched.
+// kScaleRegs * 32 scales (from src_scale, its row of x_scale): the send half's loads, batched.
 __device__ __forceinline__ void load_own_slice(const CommParams& p, const DispatchIO& io, int t, int sl, int lane,
-                                               int4 (&v)[kUnroll], float (&scv)[kScaleRegs]) {
+                                               const float* src_scale, int4 (&v)[kUnroll], float (&scv)[kScaleRegs]) {
   const int payload_chunks = p.payload_bytes / 16;
   const int4* src = reinterpret_cast<const int4*>(io.x + static_cast<size_t>(t) * p.payload_bytes);
 #pragma unroll
@@ -133,7 +133,6 @@ __device__ __forceinline__ void load_own_slice(const CommParams& p, const Dispat
     const int c = sl * kSliceChunks + q * kWarpSize + lane;
     if (c < payload_chunks) v[q] = __ldg(src + c);
   }
-  const float* src_scale = io.x_scale ? io.x_scale + static_cast<size_t>(t) * p.num_scales : nullptr;
 #pragma unroll
   for (int i = 0; i < kScaleRegs; ++i) {
     const int x = i * kWarpSize + lane;
@@ -316,7 +315,8 @@ __device__ bool dispatch_send(const CommParams& p, const DispatchIO& io, uint64_
 
       int4 v[kUnroll];
       float scv[kScaleRegs];
-      load_own_slice(p, io, t, sl, lane, v, scv);
+      const float* src_scale = io.x_scale ? io.x_scale + static_cast<size_t>(t) * p.num_scales : nullptr;
+      load_own_slice(p, io, t, sl, lane, src_scale, v, scv);
       // Slice 0 also carries the header and the scales.
       int32_t hw0 = 0, hw1 = 0;
       if (sl == 0) {
@@ -326,7 +326,6 @@ __device__ bool dispatch_send(const CommParams& p, const DispatchIO& io, uint64_
         hw0 = lane < hdr_words ? word(lane) : 0;
         hw1 = lane + 32 < hdr_words ? word(lane + 32) : 0;
       }
-      const float* src_scale = io.x_scale ? io.x_scale + static_cast<size_t>(t) * p.num_scales : nullptr;
       auto write_slice = [&](uint8_t* msg) {
         if (sl == 0) {
           int32_t* h = reinterpret_cast<int32_t*>(msg);
