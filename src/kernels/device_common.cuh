@@ -103,6 +103,10 @@ cudaError_t launch_after_previous(void (*kernel)(Params...), const LaunchShape& 
   return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
 }
 
+// bar.sync on a named barrier (1..15; 0 is __syncthreads) for `threads` threads, whole warps.
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
 __device__ __forceinline__ bool is_aborted(const CommParams& p) {
   return *reinterpret_cast<volatile int32_t*>(&p.state->aborted) != 0;
 }
@@ -234,7 +238,14 @@ struct ExpertWord {
   uint32_t lo, hi;
 };
 // {~0, ~0} decodes to -1 (masked) for every index type: what a lane with no entry holds.
-__device__ __forceinline__ ExpertWord no_expert_word() { return {0xffffffffu, 0xffffffffu}; }
+// Member by member: the brace-initialised return compiled to two loads of the constant from global
+// memory (CUDA 13.0 SASS of the 1-token local dispatch).
+__device__ __forceinline__ ExpertWord no_expert_word() {
+  ExpertWord w;
+  w.lo = 0xffffffffu;
+  w.hi = 0xffffffffu;
+  return w;
+}
 __device__ __forceinline__ ExpertWord load_expert(const void* idx, int32_t type, int64_t i) {
   // 32-bit words, selected rather than branched on: a switch on the type compiled to a jump table
   // in constant bank 2, one more dependent constant-cache miss before the first index load.
