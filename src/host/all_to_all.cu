@@ -262,7 +262,8 @@ AllToAll::AllToAll(const Communicator& comm, const AllToAllConfig& cfg_in) : imp
   I.dispatch_shape = {blocks_for(kernels::dispatch_units(p.world_size, p.max_msgs_per_src, p.dispatch_slices)),
                       kernels::dispatch_smem_bytes(cfg.world_size, cfg.num_experts, cfg.experts_per_token)};
   I.combine_shape = {
-      blocks_for(kernels::combine_units(p.world_size, p.max_msgs_per_src, p.max_tokens, p.combine_slices)),
+      blocks_for(kernels::combine_units(p.world_size, p.max_msgs_per_src, p.max_tokens, p.combine_slices,
+                                        p.all_p2p ? kernels::kMaxCombineGroup : 1)),
       kernels::combine_smem_bytes(cfg.world_size)};
   I.local = cfg.world_size == 1 && local_kernels_enabled();
   if (I.local) {

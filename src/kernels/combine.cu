@@ -58,12 +58,141 @@ struct CombineSmem {
 constexpr int kUnroll = 4;                          // 8-element chunks per lane per slice
 constexpr int kSliceChunks = kWarpSize * kUnroll;   // 1024 elements: kSliceBytes of 16-bit output
 
+// One partial per (received message, slice): sum over the message's local experts of w * y, in
+// fp32, sent to every rank of the token's DP group with one flag per slice.
+// Large calls take messages source-interleaved, (j, s) rather than (s, j): the partials of our
+// own tokens are local HBM writes and the others cross the link, and taken source by source the
+// two ran one after the other (all warps on the local half first, the link idle). Positions past
+// a source's count are skipped; with even routing there are none.
+// G warps per slice (G > 1: the small P2P variant only, combine_send_group): warp sub of a group
+// takes chunks [sub * N, (sub + 1) * N) of the lane's kUnroll, N = kUnroll / G, over R = 2 * G rows
+// at a time, so every lane has 2 * kUnroll 16-byte loads in flight at any G. The group's warps are
+// consecutive in one block: they store, meet at named barrier 1 + warp / G, and the first raises
+// the slice's flag. bar.sync orders the other warps' stores before its release, which is
+// cumulative, as __syncwarp and the release order the lanes' stores of one warp.
+template <int G, typename Tin, typename Tout, bool kLarge, bool kP2P>
+__device__ __forceinline__ void send_partials(const CommParams& p, const CombineIO& io, uint64_t seq,
+                                              const CombineSmem& sm, PendingFlags& flags) {
+  static_assert(G == 1 || (!kLarge && kP2P), "warp groups: the small P2P variant only");
+  static_assert(kUnroll % G == 0 && kWarps % G == 0, "a group's warps split the lane's chunks, within one block");
+  constexpr int N = kUnroll / G, R = 2 * G;
+  const int W = p.world_size, K = p.topk, D = p.dp_size, S = p.max_msgs_per_src, M = p.max_tokens, H = p.hidden;
+  const int me = p.rank, nsc = p.combine_slices;
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  const int gw = blockIdx.x * kWarps + warp, nw = gridDim.x * kWarps;
+  const int grp = gw / G, ngroups = nw / G, sub = warp % G;
+  const int span = kLarge ? W * sm.msg_off[W + 1] : sm.msg_off[W];
+  const int chunks = H / 8;
+  const size_t out_row = p.out_row_bytes;
+  const uint64_t* wrecv = sym_at<uint64_t>(p, p.off_weights_recv);
+  const Tin* y = static_cast<const Tin*>(io.expert_y);
+  for (int q = grp; q < span * nsc; q += ngroups) {
+    const int qv = q / nsc, sl = q % nsc;
+    int s, j;
+    if constexpr (kLarge) {
+      j = qv / W, s = (qv + me) % W;  // own tokens' partials start the interleave
+      if (j >= sm.nmsg[s]) continue;
+    } else {
+      s = source_of_message(sm.msg_off, W, qv), j = qv - sm.msg_off[s];
+    }
+    const size_t msg = static_cast<size_t>(s) * S + j;
+    const int32_t* map = p.recv_map + msg * (K + 1);
+    const int t = map[0];
+    const int slot = lane < K ? map[1 + lane] : -1;
+    uint32_t wbits = 0;  // on a timeout the error is recorded and the layer fails; the weight stays 0
+    if (lane < K) wait_tagged(p, wrecv + msg * K + lane, seq, wbits, kPhaseCombineSend, kWaitWeights, s);
+    const float wk = __uint_as_float(wbits);
+    int c[N];
+#pragma unroll
+    for (int i = 0; i < N; ++i) c[i] = sl * kSliceChunks + (sub * N + i) * kWarpSize + lane;
+    float acc[N][8];
+#pragma unroll
+    for (int i = 0; i < N; ++i)
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc[i][e] = 0.f;
+    // The message's local experts, R at a time: every row's loads before any is used.
+    for (unsigned kmask = __ballot_sync(0xffffffffu, lane < K && slot >= 0); kmask;) {
+      int kr[R];
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        kr[r] = kmask ? __ffs(kmask) - 1 : -1;
+        kmask &= kmask - 1;
+      }
+      RawRow<Tin> raw[R][N];
+      float w[R];
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const int from = kr[r] < 0 ? kr[0] : kr[r];  // kr[0] >= 0: the mask was not empty
+        const int row = __shfl_sync(0xffffffffu, slot, from);
+        w[r] = __shfl_sync(0xffffffffu, wk, from);
+        const Tin* src = y + static_cast<size_t>(row) * H;
+#pragma unroll
+        for (int i = 0; i < N; ++i)
+          if (kr[r] >= 0 && c[i] < chunks) raw[r][i].load(src + c[i] * 8);
+      }
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int i = 0; i < N; ++i) {
+          if (kr[r] < 0 || c[i] >= chunks) continue;
+          float v[8];
+          raw[r][i].unpack(v);
+#pragma unroll
+          for (int e = 0; e < 8; ++e) acc[i][e] = fmaf(w[r], v[e], acc[i][e]);
+        }
+    }
+    const int p0 = (s / D) * D;  // the source's DP group: every member gets the partial
+    bool any_portable = false;
+    for (int dd = 0; dd < D; ++dd) any_portable |= peer_at<kP2P>(p, p0 + dd) == nullptr;
+    uint8_t* stage = sym_at<uint8_t>(p, p.off_combine_stage) + msg * out_row;
+    const size_t dst_off = p.off_combine_recv + (static_cast<size_t>(me) * M + t) * out_row;
+    int4 packed[N];
+#pragma unroll
+    for (int i = 0; i < N; ++i) packed[i] = Vec8<Tout>::pack(acc[i]);
+    // Direct stores into each P2P member's buffer, plus the staging row when a member needs a put.
+    for (int dd = 0; dd < D + (any_portable ? 1 : 0); ++dd) {
+      uint8_t* row = stage;
+      if (dd < D) {
+        uint8_t* pb = peer_at<kP2P>(p, p0 + dd);
+        if (pb == nullptr) continue;
+        row = pb + dst_off;
+      }
+#pragma unroll
+      for (int i = 0; i < N; ++i)
+        if (c[i] < chunks) st16(row + static_cast<size_t>(c[i]) * 16, packed[i]);
+    }
+    const size_t flag_idx = (static_cast<size_t>(me) * M + t) * nsc + sl;
+    uint64_t* flag = nullptr;  // lane dd < D: this slice's flag at member dd, if P2P
+    if (lane < D)
+      if (uint8_t* pb = peer_at<kP2P>(p, p0 + lane)) flag = reinterpret_cast<uint64_t*>(pb + p.off_combine_flag) + flag_idx;
+    if constexpr (kLarge) {
+      flags.push(flag, lane, D, seq);
+    } else if constexpr (G > 1) {
+      named_barrier_sync(1 + warp / G, G * kWarpSize);  // + a cumulative release: the group's stores
+      if (sub == 0 && flag) st_release_sys(flag, seq);
+    } else {
+      __syncwarp();  // + a cumulative release: publish the whole warp's stores
+      if (flag) st_release_sys(flag, seq);
+    }
+    if (any_portable) {
+      __threadfence();
+      const size_t lo_b = static_cast<size_t>(sl) * kSliceChunks * 16;
+      const size_t hi_b = min(out_row, lo_b + static_cast<size_t>(kSliceChunks) * 16);
+      for (int dd = 0; dd < D; ++dd)
+        if (peer_at<kP2P>(p, p0 + dd) == nullptr)
+          put_signal_warp(p.sym + dst_off + lo_b, stage + lo_b, hi_b - lo_b,
+                                          sym_at<uint64_t>(p, p.off_combine_flag) + flag_idx, seq, NVSHMEM_SIGNAL_SET,
+                                          p0 + dd);
+    }
+  }
+}
+
 // kLarge: compiled with the large-call paths (see kLargeCallTokens): messages taken
 // source-interleaved and arrival flags raised kFlagBatch slices at a time.
 // kP2P: every rank P2P-mapped (KernelVariant::kSmallP2P), the portable branches compiled out.
 template <typename Tin, typename Tout, bool kLarge, bool kP2P>
 __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t seq, int* smem) {
-  const int W = p.world_size, K = p.topk, D = p.dp_size, S = p.max_msgs_per_src, M = p.max_tokens, H = p.hidden;
+  const int W = p.world_size, K = p.topk, D = p.dp_size, S = p.max_msgs_per_src;
   const int me = p.rank, gi = me % D, nsc = p.combine_slices;
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
   const int gw = blockIdx.x * kWarps + warp, nw = gridDim.x * kWarps;
@@ -122,115 +251,30 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
     sm.msg_off[W] = acc;
     sm.msg_off[W + 1] = most;
   }
-  __syncthreads();
+  // Block-uniform (send_partials' groups meet at named barriers, so no warp may leave alone).
+  const bool aborted = __syncthreads_or(is_aborted(p));
   EPKIT_STAGE(p, kStWeightsArrived);
-  if (is_aborted(p)) return;
+  if (aborted) return;
 
-  // One partial per (received message, slice): sum over the message's local experts of w * y, in
-  // fp32, sent to every rank of the token's DP group with one flag per slice.
-  // Large calls take messages source-interleaved, (j, s) rather than (s, j): the partials of our
-  // own tokens are local HBM writes and the others cross the link, and taken source by source the
-  // two ran one after the other (all warps on the local half first, the link idle). Positions past
-  // a source's count are skipped; with even routing there are none.
-  const int span = kLarge ? W * sm.msg_off[W + 1] : sm.msg_off[W];
-  const int chunks = H / 8;
-  const size_t out_row = p.out_row_bytes;
-  const uint64_t* wrecv = sym_at<uint64_t>(p, p.off_weights_recv);
-  const Tin* y = static_cast<const Tin*>(io.expert_y);
+  // One partial per (received message, slice): see send_partials. The small P2P variant shares a
+  // slice among G warps when the call's slices fit one wave that way (combine_send_group).
   PendingFlags flags;
-  for (int q = gw; q < span * nsc; q += nw) {
-    const int qv = q / nsc, sl = q % nsc;
-    int s, j;
-    if constexpr (kLarge) {
-      j = qv / W, s = (qv + me) % W;  // own tokens' partials start the interleave
-      if (j >= sm.nmsg[s]) continue;
+  if constexpr (!kLarge && kP2P) {
+    const int units = sm.msg_off[W] * nsc;
+#ifdef EPKIT_AB_COMBINE_G1  // A/B builds only (EPKIT_AB_FLAGS): one warp per slice, as before
+    const int G = 1 + 0 * units;
+#else
+    const int G = combine_send_group(units, nw);
+#endif
+    if (G == 4) {
+      send_partials<4, Tin, Tout, kLarge, kP2P>(p, io, seq, sm, flags);
+    } else if (G == 2) {
+      send_partials<2, Tin, Tout, kLarge, kP2P>(p, io, seq, sm, flags);
     } else {
-      s = source_of_message(sm.msg_off, W, qv), j = qv - sm.msg_off[s];
+      send_partials<1, Tin, Tout, kLarge, kP2P>(p, io, seq, sm, flags);
     }
-    const size_t msg = static_cast<size_t>(s) * S + j;
-    const int32_t* map = p.recv_map + msg * (K + 1);
-    const int t = map[0];
-    const int slot = lane < K ? map[1 + lane] : -1;
-    uint32_t wbits = 0;  // on a timeout the error is recorded and the layer fails; the weight stays 0
-    if (lane < K) wait_tagged(p, wrecv + msg * K + lane, seq, wbits, kPhaseCombineSend, kWaitWeights, s);
-    const float wk = __uint_as_float(wbits);
-    float acc[kUnroll][8];
-#pragma unroll
-    for (int qq = 0; qq < kUnroll; ++qq)
-#pragma unroll
-      for (int i = 0; i < 8; ++i) acc[qq][i] = 0.f;
-    // The message's local experts, two at a time.
-    for (unsigned kmask = __ballot_sync(0xffffffffu, lane < K && slot >= 0); kmask;) {
-      int ka, kb;
-      take_pair(kmask, ka, kb);
-      const int slot_a = __shfl_sync(0xffffffffu, slot, ka), slot_b = __shfl_sync(0xffffffffu, slot, kb < 0 ? ka : kb);
-      const float w_a = __shfl_sync(0xffffffffu, wk, ka), w_b = __shfl_sync(0xffffffffu, wk, kb < 0 ? ka : kb);
-      const Tin* row_a = y + static_cast<size_t>(slot_a) * H;
-      const Tin* row_b = y + static_cast<size_t>(slot_b) * H;
-      RawRow<Tin> ra[kUnroll], rb[kUnroll];
-#pragma unroll
-      for (int qq = 0; qq < kUnroll; ++qq) {
-        const int c = sl * kSliceChunks + qq * kWarpSize + lane;
-        if (c < chunks) {
-          ra[qq].load(row_a + c * 8);
-          if (kb >= 0) rb[qq].load(row_b + c * 8);
-        }
-      }
-#pragma unroll
-      for (int qq = 0; qq < kUnroll; ++qq) {
-        float v[8];
-        ra[qq].unpack(v);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) acc[qq][i] = fmaf(w_a, v[i], acc[qq][i]);
-        if (kb >= 0) {
-          rb[qq].unpack(v);
-#pragma unroll
-          for (int i = 0; i < 8; ++i) acc[qq][i] = fmaf(w_b, v[i], acc[qq][i]);
-        }
-      }
-    }
-    const int p0 = (s / D) * D;  // the source's DP group: every member gets the partial
-    bool any_portable = false;
-    for (int dd = 0; dd < D; ++dd) any_portable |= peer_at<kP2P>(p, p0 + dd) == nullptr;
-    uint8_t* stage = sym_at<uint8_t>(p, p.off_combine_stage) + msg * out_row;
-    const size_t dst_off = p.off_combine_recv + (static_cast<size_t>(me) * M + t) * out_row;
-    int4 packed[kUnroll];
-#pragma unroll
-    for (int qq = 0; qq < kUnroll; ++qq) packed[qq] = Vec8<Tout>::pack(acc[qq]);
-    // Direct stores into each P2P member's buffer, plus the staging row when a member needs a put.
-    for (int dd = 0; dd < D + (any_portable ? 1 : 0); ++dd) {
-      uint8_t* row = stage;
-      if (dd < D) {
-        uint8_t* pb = peer_at<kP2P>(p, p0 + dd);
-        if (pb == nullptr) continue;
-        row = pb + dst_off;
-      }
-#pragma unroll
-      for (int qq = 0; qq < kUnroll; ++qq) {
-        const int c = sl * kSliceChunks + qq * kWarpSize + lane;
-        if (c < chunks) st16(row + static_cast<size_t>(c) * 16, packed[qq]);
-      }
-    }
-    const size_t flag_idx = (static_cast<size_t>(me) * M + t) * nsc + sl;
-    uint64_t* flag = nullptr;  // lane dd < D: this slice's flag at member dd, if P2P
-    if (lane < D)
-      if (uint8_t* pb = peer_at<kP2P>(p, p0 + lane)) flag = reinterpret_cast<uint64_t*>(pb + p.off_combine_flag) + flag_idx;
-    if constexpr (kLarge) {
-      flags.push(flag, lane, D, seq);
-    } else {
-      __syncwarp();  // + a cumulative release: publish the whole warp's stores
-      if (flag) st_release_sys(flag, seq);
-    }
-    if (any_portable) {
-      __threadfence();
-      const size_t lo_b = static_cast<size_t>(sl) * kSliceChunks * 16;
-      const size_t hi_b = min(out_row, lo_b + static_cast<size_t>(kSliceChunks) * 16);
-      for (int dd = 0; dd < D; ++dd)
-        if (peer_at<kP2P>(p, p0 + dd) == nullptr)
-          put_signal_warp(p.sym + dst_off + lo_b, stage + lo_b, hi_b - lo_b,
-                                          sym_at<uint64_t>(p, p.off_combine_flag) + flag_idx, seq, NVSHMEM_SIGNAL_SET,
-                                          p0 + dd);
-    }
+  } else {
+    send_partials<1, Tin, Tout, kLarge, kP2P>(p, io, seq, sm, flags);
   }
   if constexpr (kLarge) flags.flush(lane, D, seq);
   // This rank no longer reads its dispatch buffers: tell every peer. The token side waits for all
@@ -415,8 +459,8 @@ cudaError_t launch_out(const CommParams& p, const CombineIO& io, DType in, bool 
 
 size_t combine_smem_bytes(int world_size) { return (2 * static_cast<size_t>(world_size) + 2) * sizeof(int); }
 
-int combine_units(int world_size, int max_msgs_per_src, int max_tokens, int slices) {
-  const int send = world_size * max_msgs_per_src * slices, recv = max_tokens * slices;
+int combine_units(int world_size, int max_msgs_per_src, int max_tokens, int slices, int group) {
+  const int send = world_size * max_msgs_per_src * slices * group, recv = max_tokens * slices;
   return send > recv ? send : recv;
 }
 

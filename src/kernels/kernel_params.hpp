@@ -186,6 +186,17 @@ inline KernelVariant kernel_variant(const CommParams& p, const TokenCount& m) {
   return large_variant(p, m) ? KernelVariant::kLarge : p.all_p2p != 0 ? KernelVariant::kSmallP2P : KernelVariant::kSmall;
 }
 
+// combine_send's small P2P variant (combine.cu): the G warps of a group share one partial slice,
+// each summing 1 / G of its chunks over 2 G rows at a time, so that a message's local experts take
+// G times fewer dependent row loads (eight 16-byte loads in flight per lane at every G). G is the
+// largest of 4, 2, 1 whose groups take every slice of the call in one wave of the grid's warps: in
+// more than one wave the fewer loads in flight per warp would cost more than the rounds save. The
+// host sizes the combine grid for kMaxCombineGroup warps per slice (combine_units).
+inline constexpr int kMaxCombineGroup = 4;
+constexpr int combine_send_group(int64_t slices, int64_t warps) {
+  return slices * 4 <= warps ? 4 : slices * 2 <= warps ? 2 : 1;
+}
+
 // World size 1 (local.cu): objects whose M reaches this count each block's own chunk of tokens and
 // share per-expert counters (one grid-wide step for the packed layout) instead of every block
 // counting every token. Not measured: at 512 tokens x top-8 the redundant count is 8 loads per thread.

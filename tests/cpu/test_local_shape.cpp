@@ -250,6 +250,28 @@ TEST(LocalShape, P2PVariantOnlyForAllP2PObjectsAndSmallCalls) {
   EXPECT_EQ(kernels::kernel_variant(p, large), KernelVariant::kLarge);
 }
 
+// combine_send's small P2P variant: the largest warp group (4, 2, 1 warps per slice) whose groups
+// take every slice in one wave; a call past one wave of single warps keeps one warp per slice.
+TEST(LocalShape, CombineSendGroupIsTheLargestThatFitsOneWave) {
+  const int warps = kH200Sms * kernels::kWarpsPerBlock;  // 2112
+  EXPECT_EQ(kernels::combine_send_group(7, warps), 4);          // V3 1 token at W = 1: 7 slices, 28 warps
+  EXPECT_EQ(kernels::combine_send_group(528, warps), 4);        // exactly one wave of groups of 4
+  EXPECT_EQ(kernels::combine_send_group(529, warps), 2);
+  EXPECT_EQ(kernels::combine_send_group(896, warps), 2);        // V3 128 tokens at W = 1
+  EXPECT_EQ(kernels::combine_send_group(1056, warps), 2);
+  EXPECT_EQ(kernels::combine_send_group(1057, warps), 1);
+  EXPECT_EQ(kernels::combine_send_group(1785, warps), 1);       // V3 128 tokens at EP2 (~255 messages)
+  EXPECT_EQ(kernels::combine_send_group(100000, warps), 1);
+  EXPECT_EQ(kernels::combine_send_group(0, warps), 4);          // nothing received: no warp has a slice
+  EXPECT_EQ(kernels::combine_send_group(7, 16), 2);             // a one-block grid
+  EXPECT_EQ(kernels::combine_send_group(int64_t{1} << 40, warps), 1);  // no overflow
+  for (int64_t n = 0; n <= 3 * warps; ++n) {
+    const int g = kernels::combine_send_group(n, warps);
+    ASSERT_LE(n * g, std::max<int64_t>(warps, n)) << n;
+    if (g < kernels::kMaxCombineGroup) ASSERT_GT(n * 2 * g, warps) << n << ": a larger group would fit";
+  }
+}
+
 TEST(LocalShape, CombineUnitsPerToken) {
   EXPECT_EQ(kernels::local_combine_units(7168, 1), 28);  // 256 elements per unit
   EXPECT_EQ(kernels::local_combine_units(7168, 4), 7);   // 1024
