@@ -498,19 +498,28 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
       const int x = i * kWarpSize + lane;
       scv[i] = sl == 0 && x < p.num_scales ? __ldcg(sc + x) : 0.f;
     }
+    // Entry k's (expert, rank) as one 8-byte load, and the token index, issued with the payload's:
+    // loaded one by one, the rank's load sat behind the branch on the expert (only an entry of
+    // ours needs it) and the token's behind both, two more round trips (SASS, CUDA 13.0).
     int slot = -1;
+    int32_t* map = p.recv_map + (static_cast<size_t>(s) * S + j) * (K + 1);
+#ifdef EPKIT_AB_COPY_SERIAL  // A/B builds only (EPKIT_AB_FLAGS): the loads one by one, as before
     if (lane < K) {
       const int e = __ldcg(hdr + 4 + 2 * lane);
       const int rk = __ldcg(hdr + 5 + 2 * lane);
-      if (e >= 0 && expert_rank(e, p.rank_div) == me) {
-        const int el = e - me * L;
-        const int pos = sm.off[s * L + el] + rk;
-        slot = expert_row(p, el, pos, packed_first(sm, W));
-      }
+      if (e >= 0 && expert_rank(e, p.rank_div) == me) slot = expert_row(p, e - me * L, sm.off[s * L + e - me * L] + rk, packed_first(sm, W));
     }
+    if (sl == 0 && lane == 0) map[0] = __ldcg(hdr);
+#else
+    const int2 erk = lane < K ? __ldcg(reinterpret_cast<const int2*>(hdr + 4) + lane) : make_int2(-1, 0);
+    if (sl == 0 && lane == 0) map[0] = __ldcg(hdr);
+    if (erk.x >= 0 && expert_rank(erk.x, p.rank_div) == me) {
+      const int el = erk.x - me * L;
+      const int pos = sm.off[s * L + el] + erk.y;
+      slot = expert_row(p, el, pos, packed_first(sm, W));
+    }
+#endif
     if (sl == 0) {
-      int32_t* map = p.recv_map + (static_cast<size_t>(s) * S + j) * (K + 1);
-      if (lane == 0) map[0] = __ldcg(hdr);
       if (lane < K) map[1 + lane] = slot;
       if (p.weights_at_dispatch && lane < K)  // where combine_send would otherwise receive them
         sym_at<uint64_t>(p, p.off_weights_recv)[(static_cast<size_t>(s) * S + j) * K + lane] =
