@@ -205,15 +205,6 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
   // Reported by dispatch_send only: one bad m is one error, not one per kernel of the layer.
   const int m = resolve_num_tokens(p, io.m, kPhaseCombineSend, seq, false);
   const int n_own = p.weights_at_dispatch ? 0 : num_own_tokens(p, m);  // dispatch carried the weights
-  // The message counts dispatch left, loaded before the weights go out: loaded after, they were one
-  // more round trip between the weights' stores and the first partial. P2P variant only: held
-  // across the portable path's puts it spilled.
-#ifdef EPKIT_AB_NMSG_LATE  // A/B builds only (EPKIT_AB_FLAGS): loaded after the weights, as before
-  constexpr bool kPreload = false;
-#else
-  constexpr bool kPreload = kP2P;
-#endif
-  const int my_nmsg = kPreload && static_cast<int>(threadIdx.x) < W ? p.num_msgs[threadIdx.x] : 0;
   for (int u = gw; u < n_own; u += nw) {
     const int t = u * D + gi;
     const uint64_t w = tag_word(seq, lane < K ? __float_as_uint(io.topk_weights[static_cast<size_t>(t) * K + lane]) : 0u);
@@ -248,7 +239,7 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
   // dispatch. P2P sources' weights are read below, each as it lands.
   const uint64_t* wctr = sym_at<uint64_t>(p, p.off_weights_recv_ctr);
   for (int s = threadIdx.x; s < W; s += blockDim.x) {
-    sm.nmsg[s] = kPreload && s == static_cast<int>(threadIdx.x) ? my_nmsg : p.num_msgs[s];
+    sm.nmsg[s] = p.num_msgs[s];
     if (!p.weights_at_dispatch && peer_at<kP2P>(p, s) == nullptr)
       wait_flag(p, wctr + s, p.weights_base[s] + sm.nmsg[s], Cmp::kGe, kPhaseCombineSend, kWaitWeights, s, -1, seq);
   }

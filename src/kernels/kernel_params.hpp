@@ -191,10 +191,18 @@ inline KernelVariant kernel_variant(const CommParams& p, const TokenCount& m) {
 // G times fewer dependent row loads (eight 16-byte loads in flight per lane at every G). G is the
 // largest of 4, 2, 1 whose groups take every slice of the call in one wave of the grid's warps: in
 // more than one wave the fewer loads in flight per warp would cost more than the rounds save. The
-// host sizes the combine grid for kMaxCombineGroup warps per slice (combine_units).
+// host sizes the combine grid with combine_grid_group.
 inline constexpr int kMaxCombineGroup = 4;
 constexpr int combine_send_group(int64_t slices, int64_t warps) {
   return slices * 4 <= warps ? 4 : slices * 2 <= warps ? 2 : 1;
+}
+// Warps per slice the host sizes the combine grid for: the group of the object's largest call
+// (every message of every source received, max_slices slices) on max_warps warps; 1 without the
+// small P2P variant. Sized for groups of four everywhere, a 128-token object at W = 1 ran 132 blocks
+// instead of 56 and lost what G = 2 gained (session 14, call 1: every block adds fixed work, and the
+// last one waits for all of them).
+constexpr int combine_grid_group(int64_t max_slices, int64_t max_warps, bool all_p2p) {
+  return all_p2p ? combine_send_group(max_slices, max_warps) : 1;
 }
 
 // World size 1 (local.cu): objects whose M reaches this count each block's own chunk of tokens and

@@ -313,12 +313,21 @@ __device__ void local_dispatch_tiny(const CommParams& p, const DispatchIO& io, i
   // the warp's first piece are loaded before the index is decoded: decoded first, its range check
   // (a branch on the loaded value, with an error call behind it) held the piece's loads back by a
   // whole round trip (SASS of the 1-token kernel).
+#ifdef EPKIT_AB_TINY_LATE  // A/B builds only (EPKIT_AB_FLAGS): decoded before the piece's loads, as before
+  const int e = lane < n ? read_expert(p, io.topk_idx, io.idx_type, lane, kPhaseDispatchSend, lane / K, 0,
+                                       blockIdx.x == 0 && warp == 0)
+                         : -1;
+  int4 pre[U] = {};
+  float pre_sc[kScaleRegs] = {};
+  if (u.gw < u.units) u.load(p, io, u.gw, pre, pre_sc);
+#else
   ExpertWord ew = no_expert_word();  // (a ternary between the two loaded the constant from global memory)
   if (lane < n) ew = load_expert(io.topk_idx, io.idx_type, lane);
   int4 pre[U] = {};
   float pre_sc[kScaleRegs] = {};
   if (u.gw < u.units) u.load(p, io, u.gw, pre, pre_sc);
   const int e = decode_expert(p, ew, io.idx_type, kPhaseDispatchSend, lane / K, 0, blockIdx.x == 0 && warp == 0);
+#endif
   const unsigned peers = __match_any_sync(0xffffffffu, e);
   const unsigned below = peers & ((1u << lane) - 1u);
   const int rk = __popc(below);

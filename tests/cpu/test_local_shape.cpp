@@ -272,6 +272,18 @@ TEST(LocalShape, CombineSendGroupIsTheLargestThatFitsOneWave) {
   }
 }
 
+// The combine grid is sized for the group of the object's largest call, and for one warp per slice
+// without the small P2P variant (the portable path never groups).
+TEST(LocalShape, CombineGridGroupFollowsTheLargestCall) {
+  const int warps = kH200Sms * kernels::kWarpsPerBlock;
+  EXPECT_EQ(kernels::combine_grid_group(7, warps, true), 4);     // V3, M = 1, W = 1
+  EXPECT_EQ(kernels::combine_grid_group(224, warps, true), 4);   // M = 32
+  EXPECT_EQ(kernels::combine_grid_group(896, warps, true), 2);   // M = 128: 112 blocks, not 132
+  EXPECT_EQ(kernels::combine_grid_group(8 * 128 * 7, warps, true), 1);  // EP8, M = 128: the grid as before
+  EXPECT_EQ(kernels::combine_grid_group(7, warps, false), 1);
+  EXPECT_EQ(kernels::combine_grid_group(896, warps, false), 1);
+}
+
 TEST(LocalShape, CombineUnitsPerToken) {
   EXPECT_EQ(kernels::local_combine_units(7168, 1), 28);  // 256 elements per unit
   EXPECT_EQ(kernels::local_combine_units(7168, 4), 7);   // 1024
