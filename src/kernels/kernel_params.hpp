@@ -42,14 +42,17 @@ struct ErrorRecord {
 // (AllToAll::stage_timestamps reads them; the names are in stage_name()).
 enum Stage : int32_t {
   kStDispatchStart = 0, kStTopkLoaded, kStHistogramDone, kStCountsWritten, kStSendDone, kStCountsArrived,
-  kStOffsetsDone, kStDataArrived, kStDispatchDone, kStCombineStart, kStMapLoaded, kStWeightsSent,
-  kStWeightsArrived, kStPartialsSent, kStTokensSummed, kStBarrierPassed, kNumStages
+  kStOffsetsDone, kStDataArrived, kStCopyLoaded, kStDispatchDone, kStCombineStart, kStMapLoaded, kStWeightsSent,
+  kStWeightsArrived, kStRowsSummed, kStPartialsSent, kStTokensSummed, kStBarrierPassed, kNumStages
 };
+// "copy loaded": the general receive copy's header is back (thread 0's last slice); "rows summed":
+// combine_send's expert rows of thread 0's last slice are summed, before its stores and flag.
 inline const char* stage_name(int s) {
   static const char* n[] = {"dispatch start", "topk loaded",     "histogram done", "counts written",
                             "send done",      "counts arrived",  "offsets done",   "data arrived",
-                            "dispatch done",  "combine start",   "map loaded",     "weights sent",
-                            "weights arrived", "partials sent",  "tokens summed",  "barrier passed"};
+                            "copy loaded",    "dispatch done",   "combine start",  "map loaded",
+                            "weights sent",   "weights arrived", "rows summed",    "partials sent",
+                            "tokens summed",  "barrier passed"};
   static_assert(sizeof(n) / sizeof(n[0]) == kNumStages, "one name per stage");
   return s >= 0 && s < kNumStages ? n[s] : "?";
 }
