@@ -46,16 +46,8 @@ const char* wait_name(int w) {
 
 // The combine grid's warps per slice (kernels::combine_grid_group).
 int combine_group(const kernels::CommParams& p, int max_blocks) {
-#if defined(EPKIT_AB_COMBINE_G1)  // A/B builds only (EPKIT_AB_FLAGS): one warp per slice, the grid as before
-  (void)p, (void)max_blocks;
-  return 1;
-#elif defined(EPKIT_AB_GRID4)  // A/B builds only: sized for groups of four (session 14, call 1)
-  (void)max_blocks;
-  return p.all_p2p ? kernels::kMaxCombineGroup : 1;
-#else
   const int64_t slices = static_cast<int64_t>(p.world_size) * p.max_msgs_per_src * p.combine_slices;
   return kernels::combine_grid_group(slices, static_cast<int64_t>(max_blocks) * kernels::kWarpsPerBlock, p.all_p2p != 0);
-#endif
 }
 
 // EPKIT_LOCAL_KERNELS=0: world size 1 runs the general (multi-rank) kernels instead of the local

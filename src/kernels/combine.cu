@@ -209,12 +209,7 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
   // Whether the layer was aborted (an error recorded by a wait that ran out), read by thread 0 now
   // and shared at the barrier before the partials: read there, its load was one more round trip
   // before the first partial. Every wait below is bounded, and ends early on an abort by itself.
-#ifdef EPKIT_AB_ABORT_LATE  // A/B builds only (EPKIT_AB_FLAGS): read at the barrier, as before
-  constexpr bool kEarlyAbort = false;
-#else
-  constexpr bool kEarlyAbort = true;
-#endif
-  const bool aborted_early = kEarlyAbort && threadIdx.x == 0 && is_aborted(p);
+  const bool aborted_early = threadIdx.x == 0 && is_aborted(p);
   for (int u = gw; u < n_own; u += nw) {
     const int t = u * D + gi;
     // The weight's and the first 32 slots' loads before the tag's first use of the sequence number.
@@ -266,7 +261,7 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
     sm.msg_off[W + 1] = most;
   }
   // Block-uniform (send_partials' groups meet at named barriers, so no warp may leave alone).
-  const bool aborted = __syncthreads_or(kEarlyAbort ? aborted_early : is_aborted(p));
+  const bool aborted = __syncthreads_or(aborted_early);
   EPKIT_STAGE(p, kStWeightsArrived);
   if (aborted) return;
 
@@ -275,11 +270,7 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
   PendingFlags flags;
   if constexpr (!kLarge && kP2P) {
     const int units = sm.msg_off[W] * nsc;
-#ifdef EPKIT_AB_COMBINE_G1  // A/B builds only (EPKIT_AB_FLAGS): one warp per slice, as before
-    const int G = 1 + 0 * units;
-#else
     const int G = combine_send_group(units, nw);
-#endif
     if (G == 4) {
       send_partials<4, Tin, Tout, kLarge, kP2P>(p, io, seq, sm, flags);
     } else if (G == 2) {

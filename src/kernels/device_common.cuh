@@ -126,9 +126,7 @@ __device__ __forceinline__ uint64_t load_seq_raw(const CommParams& p) {
   return *reinterpret_cast<volatile uint64_t*>(&p.state->seq);
 }
 __device__ __forceinline__ uint64_t settle_seq(uint64_t raw) {
-#ifndef EPKIT_AB_SEQ_EARLY  // A/B builds only (EPKIT_AB_FLAGS): settled at kernel start, as before
   asm volatile("" : "+l"(raw));
-#endif
   return raw + 1;
 }
 

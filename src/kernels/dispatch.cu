@@ -423,12 +423,7 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
   // (portable sources: after their put's signal).
   // Thread 0 reads the abort flag before the waits, not after them: after, its load was one more
   // round trip before the offsets. The waits are bounded and end early on an abort by themselves.
-#ifdef EPKIT_AB_ABORT_LATE  // A/B builds only (EPKIT_AB_FLAGS): read after the waits, as before
-  constexpr bool kEarlyAbort = false;
-#else
-  constexpr bool kEarlyAbort = true;
-#endif
-  const bool aborted_early = kEarlyAbort && threadIdx.x == 0 && is_aborted(p);
+  const bool aborted_early = threadIdx.x == 0 && is_aborted(p);
   bool ok = true;
   const uint64_t* counts = sym_at<uint64_t>(p, p.off_dispatch_counts);
   for (int i = threadIdx.x; i < W * (L + 1); i += blockDim.x) {
@@ -439,7 +434,7 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
     ok = ok && wait_tagged(p, counts + i, seq, v, kPhaseDispatchRecv, kWaitDispatchCounts, s);
     if (el < L) sm.cnt[s * L + el] = static_cast<int>(v); else sm.nmsg[s] = static_cast<int>(v);
   }
-  const bool stop = __syncthreads_or(!ok || (threadIdx.x == 0 && (kEarlyAbort ? aborted_early : is_aborted(p))));
+  const bool stop = __syncthreads_or(!ok || aborted_early);
   EPKIT_STAGE(p, kStCountsArrived);
   if (stop) return;
   // Each local expert's run: our own tokens first, then the other sources in rank order after us
@@ -514,14 +509,6 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
     // ours needs it) and the token's behind both, two more round trips (SASS, CUDA 13.0).
     int slot = -1;
     int32_t* map = p.recv_map + (static_cast<size_t>(s) * S + j) * (K + 1);
-#ifdef EPKIT_AB_COPY_SERIAL  // A/B builds only (EPKIT_AB_FLAGS): the loads one by one, as before
-    if (lane < K) {
-      const int e = __ldcg(hdr + 4 + 2 * lane);
-      const int rk = __ldcg(hdr + 5 + 2 * lane);
-      if (e >= 0 && expert_rank(e, p.rank_div) == me) slot = expert_row(p, e - me * L, sm.off[s * L + e - me * L] + rk, packed_first(sm, W));
-    }
-    if (sl == 0 && lane == 0) map[0] = __ldcg(hdr);
-#else
     const int2 erk = lane < K ? __ldcg(reinterpret_cast<const int2*>(hdr + 4) + lane) : make_int2(-1, 0);
     if (sl == 0 && lane == 0) map[0] = __ldcg(hdr);
     if (erk.x >= 0 && expert_rank(erk.x, p.rank_div) == me) {
@@ -529,7 +516,6 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
       const int pos = sm.off[s * L + el] + erk.y;
       slot = expert_row(p, el, pos, packed_first(sm, W));
     }
-#endif
     EPKIT_STAGE(p, kStCopyLoaded);
     if (sl == 0) {
       if (lane < K) map[1 + lane] = slot;
