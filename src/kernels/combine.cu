@@ -227,7 +227,7 @@ __device__ __forceinline__ void send_partials(const CommParams& p, const Combine
 // source-interleaved and arrival flags raised kFlagBatch slices at a time.
 // kP2P: every rank P2P-mapped (KernelVariant::kSmallP2P), the portable branches compiled out.
 template <typename Tin, typename Tout, bool kLarge, bool kP2P>
-__device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t seq_raw, int* smem) {
+__device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t seq, int* smem) {
   const int W = p.world_size, K = p.topk, D = p.dp_size, S = p.max_msgs_per_src;
   const int me = p.rank, gi = me % D, nsc = p.combine_slices;
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
@@ -239,7 +239,7 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
   // tagged words (device_common.cuh): a P2P receiver reads each as it lands, with no counter and no
   // release; a portable one after its put's signal.
   // Reported by dispatch_send only: one bad m is one error, not one per kernel of the layer.
-  const int m = resolve_num_tokens(p, io.m, kPhaseCombineSend, kSeqUnknown, false);
+  const int m = resolve_num_tokens(p, io.m, kPhaseCombineSend, seq, false);
   const int n_own = p.weights_at_dispatch ? 0 : num_own_tokens(p, m);  // dispatch carried the weights
   // Whether the layer was aborted (an error recorded by a wait that ran out), read by thread 0 now
   // and shared at the barrier before the partials: read there, its load was one more round trip
@@ -247,15 +247,12 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
   const bool aborted_early = threadIdx.x == 0 && is_aborted(p);
   for (int u = gw; u < n_own; u += nw) {
     const int t = u * D + gi;
-    // The weight's and the first 32 slots' loads before the tag's first use of the sequence number.
-    const uint32_t wb = lane < K ? __float_as_uint(io.topk_weights[static_cast<size_t>(t) * K + lane]) : 0u;
-    const int j0 = lane < W ? p.send_slot[static_cast<size_t>(u) * W + lane] : -1;
-    const uint64_t w = tag_word(settle_seq(seq_raw), wb);
+    const uint64_t w = tag_word(seq, lane < K ? __float_as_uint(io.topk_weights[static_cast<size_t>(t) * K + lane]) : 0u);
     uint64_t* stage = sym_at<uint64_t>(p, p.off_weights_stage) + static_cast<size_t>(u) * K;
     bool staged = false;
     for (int base = 0; base < W; base += kWarpSize) {
       const int x = base + lane;
-      const int j = base == 0 ? j0 : x < W ? p.send_slot[static_cast<size_t>(u) * W + x] : -1;
+      const int j = x < W ? p.send_slot[static_cast<size_t>(u) * W + x] : -1;
       for (unsigned mask = __ballot_sync(0xffffffffu, j >= 0); mask; mask &= mask - 1) {
         const int src_lane = __ffs(mask) - 1;
         const int d = base + src_lane;
@@ -278,7 +275,6 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
   }
 
   EPKIT_STAGE(p, kStWeightsSent);
-  const uint64_t seq = settle_seq(seq_raw);
   // Portable sources: wait for the weights of every message we received from them in the matching
   // dispatch. P2P sources' weights are read below, each as it lands.
   const uint64_t* wctr = sym_at<uint64_t>(p, p.off_weights_recv_ctr);
@@ -463,11 +459,10 @@ __global__ void __launch_bounds__(kThreads, 1)
                    bool do_recv) {
   extern __shared__ int smem[];
   wait_previous_kernel();
-  const uint64_t seq_raw = load_seq_raw(p);  // settled where first used (settle_seq)
+  const uint64_t seq = *reinterpret_cast<volatile uint64_t*>(&p.state->seq) + 1;
   LayerTail tail;
   if (do_recv) tail.load(p);
-  if (do_send) combine_send<Tin, Tout, kLarge, kP2P>(p, io, seq_raw, smem);
-  const uint64_t seq = settle_seq(seq_raw);
+  if (do_send) combine_send<Tin, Tout, kLarge, kP2P>(p, io, seq, smem);
   EPKIT_STAGE(p, kStPartialsSent);
   if (do_recv) {
     combine_recv<Tout>(p, io, seq);

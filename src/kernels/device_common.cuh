@@ -115,21 +115,6 @@ __device__ __forceinline__ bool is_aborted(const CommParams& p) {
 // Out of line, like every cold path below: inlined, each call site put ~40 instructions (a CAS and
 // two system fences) into the middle of the hot loops, and the fetches of the hot code that jumped
 // over them dominated the small-batch kernels (instruction-cache misses, not data).
-// The sequence number of the call, from the raw word read at kernel start (state->seq, which the
-// previous layer's last block advanced). Its first use comes here, where the caller settles it, not
-// at kernel start: there the compiler added the 1 right after the load, so every warp waited one
-// round trip for it before its first independent load (SASS, CUDA 13.0). The empty asm pins the
-// value's first use at this point. Error reports before it pass kSeqUnknown, and record_error
-// reads the number itself.
-inline constexpr uint64_t kSeqUnknown = 0;  // a call's seq is at least 1
-__device__ __forceinline__ uint64_t load_seq_raw(const CommParams& p) {
-  return *reinterpret_cast<volatile uint64_t*>(&p.state->seq);
-}
-__device__ __forceinline__ uint64_t settle_seq(uint64_t raw) {
-  asm volatile("" : "+l"(raw));
-  return raw + 1;
-}
-
 static __device__ __noinline__ void record_error(const CommParams& p, int32_t code, int32_t phase, int32_t what,
                                                  int32_t peer, int32_t expert, int32_t token, int64_t value,
                                                  int64_t limit, uint64_t seq) {
@@ -143,8 +128,7 @@ static __device__ __noinline__ void record_error(const CommParams& p, int32_t co
   e->token = token;
   e->value = value;
   e->limit = limit;
-  // kSeqUnknown: a report from before the kernel settled its sequence number (settle_seq).
-  e->seq = seq != kSeqUnknown ? seq : *reinterpret_cast<volatile uint64_t*>(&p.state->seq) + 1;
+  e->seq = seq;
   __threadfence_system();
   e->code = code;
   __threadfence_system();

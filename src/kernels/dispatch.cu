@@ -175,8 +175,7 @@ static __device__ __noinline__ void write_own(const CommParams& p, const Dispatc
 // kLarge: compiled with the large-call paths (see kLargeCallTokens); kP2P: every rank P2P-mapped
 // (KernelVariant::kSmallP2P), the portable branches compiled out.
 template <bool kLarge, bool kP2P>
-__device__ bool dispatch_send(const CommParams& p, const DispatchIO& io, uint64_t& seq, uint64_t seq_raw, int* smem,
-                              bool fused) {
+__device__ bool dispatch_send(const CommParams& p, const DispatchIO& io, uint64_t seq, int* smem, bool fused) {
   const int E = p.num_experts, W = p.world_size, L = p.num_local_experts, K = p.topk, D = p.dp_size;
   const int me = p.rank, gi = me % D, S = p.max_msgs_per_src, nsd = p.dispatch_slices;
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
@@ -191,7 +190,7 @@ __device__ bool dispatch_send(const CommParams& p, const DispatchIO& io, uint64_
   sm.tok_j = sm.tok_rk + kRoundTokens * K;
 
   EPKIT_STAGE(p, kStDispatchStart);
-  const int m = resolve_num_tokens(p, io.m, kPhaseDispatchSend, kSeqUnknown, blockIdx.x == 0);
+  const int m = resolve_num_tokens(p, io.m, kPhaseDispatchSend, seq, blockIdx.x == 0);
   const int n_own = num_own_tokens(p, m);
   const int u0 = static_cast<int>(static_cast<int64_t>(n_own) * blockIdx.x / gridDim.x);
   const int u1 = static_cast<int>(static_cast<int64_t>(n_own) * (blockIdx.x + 1) / gridDim.x);
@@ -231,8 +230,7 @@ __device__ bool dispatch_send(const CommParams& p, const DispatchIO& io, uint64_
 #pragma unroll
       for (int q = 0; q < kHistUnroll; ++q) {
         const int u = base + q * step + sub;
-        const int e = decode_expert(p, xw[q], io.idx_type, kPhaseDispatchSend, u * D + gi, kSeqUnknown,
-                                    blockIdx.x == 0 || lookback);
+        const int e = decode_expert(p, xw[q], io.idx_type, kPhaseDispatchSend, u * D + gi, seq, blockIdx.x == 0 || lookback);
         const int r = e >= 0 ? expert_rank(e, p.rank_div) : -1;
         // Lanes of the same token with the same destination: the lowest one counts the message.
         const unsigned same = __match_any_sync(0xffffffffu, e >= 0 ? sub * W + r : -1 - lane);
@@ -250,7 +248,6 @@ __device__ bool dispatch_send(const CommParams& p, const DispatchIO& io, uint64_
     }
   }
   __syncthreads();
-  seq = settle_seq(seq_raw);  // its first use: the histogram's loads went out before it
   if (lookback) look_back(p, sm, seq);
   EPKIT_STAGE(p, kStHistogramDone);
 
@@ -546,10 +543,8 @@ __global__ void __launch_bounds__(kThreads, 1)
                     bool do_recv) {
   extern __shared__ int smem[];
   wait_previous_kernel();
-  const uint64_t seq_raw = load_seq_raw(p);
-  uint64_t seq = 0;  // settled by dispatch_send, or here for a receive half
-  const bool direct_self = do_send && dispatch_send<kLarge, kP2P>(p, io, seq, seq_raw, smem, do_recv);
-  if (!do_send) seq = settle_seq(seq_raw);
+  const uint64_t seq = *reinterpret_cast<volatile uint64_t*>(&p.state->seq) + 1;
+  const bool direct_self = do_send && dispatch_send<kLarge, kP2P>(p, io, seq, smem, do_recv);
   if (do_send && do_recv) __syncthreads();
   if (do_recv) dispatch_recv<kP2P>(p, io, seq, smem, direct_self);
   EPKIT_STAGE(p, kStDispatchDone);

@@ -197,7 +197,7 @@ inline KernelVariant kernel_variant(const CommParams& p, const TokenCount& m) {
 // host sizes the combine grid with combine_grid_group.
 inline constexpr int kMaxCombineGroup = 4;
 constexpr int combine_send_group(int64_t slices, int64_t warps) {
-  return slices * 4 <= warps ? 4 : slices * 2 <= warps ? 2 : 1;
+  return slices * kMaxCombineGroup <= warps ? kMaxCombineGroup : slices * 2 <= warps ? 2 : 1;
 }
 // Warps per slice the host sizes the combine grid for: the group of the object's largest call
 // (every message of every source received, max_slices slices) on max_warps warps; 1 without the

@@ -13,7 +13,7 @@ size_t dispatch_smem_bytes(int world_size, int num_experts, int topk);
 size_t combine_smem_bytes(int world_size);
 // Warp-sized work units of the largest half of each kernel; the grid is sized from these.
 int dispatch_units(int world_size, int max_msgs_per_src, int slices);
-// group: warps per send slice (kMaxCombineGroup for objects that may run the small P2P variant).
+// group: warps per send slice the grid is sized for (combine_grid_group).
 int combine_units(int world_size, int max_msgs_per_src, int max_tokens, int slices, int group);
 
 cudaError_t launch_dispatch(const CommParams& p, const DispatchIO& io, bool do_send, bool do_recv,
