@@ -78,7 +78,7 @@ __device__ __forceinline__ void wait_previous_kernel() {
 #endif
 }
 
-// kernel<<<shape.blocks, shape.threads, shape.smem_bytes, stream>>>(args...), allowed to be scheduled
+// kernel<<<shape.blocks, kThreads, shape.smem_bytes, stream>>>(args...), allowed to be scheduled
 // before the previous kernel in the stream ends (programmatic stream serialization); the kernel
 // must start with wait_previous_kernel(). Capturable: graphs keep it as a programmatic edge. More
 // than 48 KB of dynamic shared memory is opted into here, for every kernel.
@@ -92,7 +92,7 @@ cudaError_t launch_after_previous(void (*kernel)(Params...), const LaunchShape& 
   }
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(shape.blocks);
-  cfg.blockDim = dim3(shape.threads);
+  cfg.blockDim = dim3(kThreads);
   cfg.dynamicSmemBytes = shape.smem_bytes;
   cfg.stream = stream;
   cudaLaunchAttribute attr[1];
@@ -292,14 +292,12 @@ __device__ __forceinline__ int source_of_message(const int* msg_off, int W, int 
 }
 
 // Packed layout (layout.hpp): first[i] = sum_{j < i} align_up(count(j), align) for i < n, and first[n]
-// the total, for the whole block of `threads` threads (every thread must call it; warp_sums holds
-// kWarps ints; local.cu's one-wave launches pass blockDim.x). Each thread sums a contiguous range,
-// then one warp scans the warp totals. Ends synchronised.
+// the total, for the whole block (every thread must call it; warp_sums holds kWarps ints). Each
+// thread sums a contiguous range, then one warp scans the warp totals. Ends synchronised.
 template <typename Count>
-__device__ void block_aligned_prefix(int n, int align, Count count, int* first, int* warp_sums,
-                                     int threads = kThreads) {
-  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize, warps = threads / kWarpSize;
-  const int per = (n + threads - 1) / threads;
+__device__ void block_aligned_prefix(int n, int align, Count count, int* first, int* warp_sums) {
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  const int per = (n + kThreads - 1) / kThreads;
   const int lo = min(n, static_cast<int>(threadIdx.x) * per), hi = min(n, lo + per);
   auto aligned = [&](int i) { return (count(i) + align - 1) / align * align; };
   int mine = 0;
@@ -313,18 +311,18 @@ __device__ void block_aligned_prefix(int n, int align, Count count, int* first, 
   if (lane == kWarpSize - 1) warp_sums[warp] = incl;
   __syncthreads();
   if (warp == 0) {
-    int w = lane < warps ? warp_sums[lane] : 0;
+    int w = lane < kWarps ? warp_sums[lane] : 0;
 #pragma unroll
     for (int d = 1; d < kWarpSize; d <<= 1) {
       const int y = __shfl_up_sync(0xffffffffu, w, d);
       if (lane >= d) w += y;
     }
-    if (lane < warps) warp_sums[lane] = w;  // inclusive over warps
+    if (lane < kWarps) warp_sums[lane] = w;  // inclusive over warps
   }
   __syncthreads();
   int at = incl - mine + (warp > 0 ? warp_sums[warp - 1] : 0);
   for (int i = lo; i < hi; ++i) first[i] = at, at += aligned(i);
-  if (threadIdx.x == threads - 1) first[n] = at;  // threads past n summed nothing: at is the total
+  if (threadIdx.x == kThreads - 1) first[n] = at;  // threads past n summed nothing: at is the total
   __syncthreads();
 }
 

@@ -335,26 +335,10 @@ constexpr size_t local_count_smem_ints(int num_experts) {
   return 2 * static_cast<size_t>(num_experts) + 1 + kWarpsPerBlock;
 }
 
-// Grid of one kernel: blocks of `threads` threads (whole warps; kThreadsPerBlock but for the
-// one-wave launches below).
+// Grid of one kernel; every block has kThreadsPerBlock threads.
 struct LaunchShape {
   int blocks;
   size_t smem_bytes;
-  int threads = kThreadsPerBlock;
 };
-#ifndef EPKIT_LOCAL_NARROW  // A/B builds only (EPKIT_AB_FLAGS=-DEPKIT_LOCAL_NARROW=0: full blocks)
-#define EPKIT_LOCAL_NARROW 1
-#endif
-// The launch of a one-wave spread kernel (local.cu's one-path kernels: unit q runs on warp
-// q / blocks of block q % blocks, one unit per warp) for a call of `units` units on the object's
-// grid s: only the blocks and warps that hold a unit. A 1-token call of an object sized for it
-// launched 16 warps per block of which one had a unit (V3: 112 blocks, 1680 idle warps); an object
-// sized for a larger batch also launched blocks with none. Calls of more than one wave of s keep s.
-constexpr LaunchShape one_wave_shape(const LaunchShape& s, int64_t units) {
-  if (!EPKIT_LOCAL_NARROW || units < 1 || units > static_cast<int64_t>(s.blocks) * (s.threads / 32)) return s;
-  const int blocks = units < s.blocks ? static_cast<int>(units) : s.blocks;
-  const int warps = static_cast<int>((units + blocks - 1) / blocks);
-  return LaunchShape{blocks, s.smem_bytes, warps * 32};
-}
 
 }  // namespace epkit::kernels

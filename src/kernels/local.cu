@@ -127,8 +127,7 @@ __device__ __forceinline__ int local_rows(const CommParams& p) {
 __device__ void local_counts_out(const CommParams& p, const DispatchIO& io, const CountSmem& sm, bool writer) {
   const int E = p.num_experts, cap = p.capacity;
   if (p.packed) {
-    block_aligned_prefix(E, p.packed_row_align, [&](int e) { return sm.cnt[e]; }, sm.first, sm.wsum,
-                         static_cast<int>(blockDim.x));
+    block_aligned_prefix(E, p.packed_row_align, [&](int e) { return sm.cnt[e]; }, sm.first, sm.wsum);
     if (writer) write_packed_counts(p, io, sm.cnt, sm.first, kPhaseDispatchRecv, 0);
     return;
   }
@@ -220,7 +219,6 @@ __device__ __forceinline__ void write_map_entry(const CommParams& p, const Dispa
 // q / K / npc for entry k = q % K, m * npc * K of them. Unit q goes to warp q / gridDim.x of block
 // q % gridDim.x (this warp: gw, gw + gstride, ...), so that a decode call's few units land on as
 // many SMs as the grid has (one unit per block first), not on the first blocks' 16 warps each.
-// One-wave launches (kernels::one_wave_shape) have only the warps that hold a unit.
 template <int U>
 struct PieceUnits {
   int K, npc, units, gw, gstride;
@@ -229,7 +227,7 @@ struct PieceUnits {
         npc(local_pieces_per_row(p.payload_bytes, U)),
         units(m * npc * K),
         gw(static_cast<int>(threadIdx.x / kWarpSize * gridDim.x + blockIdx.x)),
-        gstride(static_cast<int>(gridDim.x * (blockDim.x / kWarpSize))) {}
+        gstride(static_cast<int>(gridDim.x) * kWarps) {}
   __device__ int token(int q) const { return q / K / npc; }
   __device__ int piece(int q) const { return q / K % npc; }
   __device__ void load(const CommParams& p, const DispatchIO& io, int q, int4 (&v)[U], float (&sc)[kScaleRegs]) const {
@@ -908,7 +906,7 @@ __device__ void local_combine_sum(const CommParams& p, const CombineIO& io, int 
   // Small objects: when one unit per warp would take more than one wave of the grid, a warp sums g
   // consecutive units of one token, one after the other, so that it loads the token's map row once
   // instead of once per wave (each map load is a round trip before any row can be read).
-  const int nwarps = static_cast<int>(gridDim.x * (blockDim.x / kWarpSize));  // one-wave launches: fewer warps
+  const int nwarps = gridDim.x * kWarps;
   const int g = !kOneWave && kChunks == 1 && m * units > nwarps ? min(units, (m * units + nwarps - 1) / nwarps) : 1;
   const int groups = (units + g - 1) / g;
   for (int q = q0; q < m * groups; q += nwarps) {
@@ -1008,10 +1006,8 @@ cudaError_t launch_local_typed(const CommParams& p, const CombineIO& io, bool s,
   if constexpr (sizeof(Tin) == 2) {
     if (s && r && io.m.dev_m == nullptr) {
       const int chunks = local_fused_combine_chunks(io.m.host_m, p.hidden, sh.blocks * kWarps, EPKIT_LOCAL_WAVE2);
-      // Only the blocks and warps that hold a unit (one per warp, spread as local_combine_sum maps them).
-      const LaunchShape one = one_wave_shape(sh, static_cast<int64_t>(io.m.host_m) * local_combine_units(p.hidden, chunks));
-      if (chunks == 1) return launch_after_previous(local_combine_wave_kernel<Tin, Tout, 1>, one, st, p, io);
-      if (chunks == 2) return launch_after_previous(local_combine_wave_kernel<Tin, Tout, 2>, one, st, p, io);
+      if (chunks == 1) return launch_after_previous(local_combine_wave_kernel<Tin, Tout, 1>, sh, st, p, io);
+      if (chunks == 2) return launch_after_previous(local_combine_wave_kernel<Tin, Tout, 2>, sh, st, p, io);
     }
   }
 #endif
@@ -1051,10 +1047,7 @@ cudaError_t launch_local_dispatch(const CommParams& p, const DispatchIO& io, boo
                                            : pick(local_dispatch_path_kernel<kL, LP::kTiny>,
                                                   local_dispatch_path_kernel<kL, LP::kScan>,
                                                   local_dispatch_path_kernel<kL, LP::kRank>);
-      // The tiny and scan paths spread one unit per warp (PieceUnits): only the blocks and warps that
-      // hold one. The block ranking keeps whole blocks (its ranking warps and counters).
-      const int64_t units = static_cast<int64_t>(io.m.host_m) * p.topk * local_pieces_per_row(p.payload_bytes, f.piece_chunks);
-      return launch_after_previous(kernel, f.path == LP::kRank ? shape : one_wave_shape(shape, units), stream, p, io);
+      return launch_after_previous(kernel, shape, stream, p, io);
     }
   }
 #endif

@@ -36,43 +36,6 @@ TEST(LocalShape, DecodePieceIsSmallWhileTheCallFitsOneWave) {
   EXPECT_EQ(local_shapes(1, K, E, pb, H, 6).dispatch.blocks, 6);  // 32 units of 2 KB on 6 blocks
 }
 
-TEST(LocalShape, OneWaveLaunchesOnlyTheBlocksAndWarpsThatHoldAUnit) {
-  using kernels::LaunchShape;
-  using kernels::one_wave_shape;
-  const LaunchShape full{kH200Sms, 4096};
-  EXPECT_EQ(full.threads, kernels::kThreadsPerBlock);
-  // V3, 1 token, an object sized for it: 112 dispatch units on 112 blocks, one warp each.
-  LaunchShape s = one_wave_shape(LaunchShape{112, 4096}, 112);
-  EXPECT_EQ(s.blocks, 112);
-  EXPECT_EQ(s.threads, 32);
-  EXPECT_EQ(s.smem_bytes, 4096u);  // the kernel's shared memory does not depend on the launch
-  // An object sized for 128 tokens running a 1-token call: only 28 combine blocks of the 132.
-  s = one_wave_shape(full, 28);
-  EXPECT_EQ(s.blocks, 28);
-  EXPECT_EQ(s.threads, 32);
-  // 133 units on 132 blocks: block 0 holds units 0 and 132 (q % blocks), so two warps each.
-  s = one_wave_shape(full, 133);
-  EXPECT_EQ(s.blocks, kH200Sms);
-  EXPECT_EQ(s.threads, 64);
-  // V2-Lite, 32 tokens: 32 x 6 x 4 = 768 units, 6 warps per block (5 x 132 = 660 < 768 <= 792).
-  EXPECT_EQ(one_wave_shape(full, 768).threads, 6 * 32);
-  // Exactly one wave: every warp; more than one wave, or no unit: the object's shape unchanged.
-  EXPECT_EQ(one_wave_shape(full, 132 * 16).threads, kernels::kThreadsPerBlock);
-  for (int64_t units : {int64_t{0}, int64_t{132 * 16 + 1}, int64_t{1} << 40}) {
-    s = one_wave_shape(full, units);
-    EXPECT_EQ(s.blocks, kH200Sms) << units;
-    EXPECT_EQ(s.threads, kernels::kThreadsPerBlock) << units;
-  }
-  // Every unit q has a warp: q % blocks < blocks and q / blocks < warps.
-  for (int64_t units = 1; units <= 132 * 16; ++units) {
-    s = one_wave_shape(full, units);
-    const int64_t last = units - 1;
-    ASSERT_LT(last / s.blocks, s.threads / 32) << units;
-    ASSERT_LE(s.blocks, units) << units;                           // no block without a unit
-    ASSERT_LT(static_cast<int64_t>(s.blocks) * (s.threads / 32 - 1), units) << units;  // its last warps hold units
-  }
-}
-
 TEST(LocalShape, V2LiteThreshold) {
   // DeepSeek-V2-Lite decode: 2048 fp8 bytes, top-6: 4 pieces of 512 B; 88 x 6 x 4 = 2112.
   EXPECT_EQ(local_shapes(88, 6, 64, 2048, 2048, kH200Sms).piece_chunks, 1);
