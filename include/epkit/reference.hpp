@@ -65,4 +65,14 @@ std::vector<float> combine_abs(const AllToAllConfig& cfg, const GroupRouting& ro
                                const std::vector<float>& topk_weights,
                                const std::function<void(int expert, int token, float* y)>& expert_output);
 
+// Both at once, calling expert_output once per entry instead of once per sum (the GPU suite's
+// checks of large calls spent most of their time in the expert function).
+struct CombineSums {
+  std::vector<float> sum;  // combine
+  std::vector<float> abs;  // combine_abs
+};
+CombineSums combine_with_abs(const AllToAllConfig& cfg, const GroupRouting& routing,
+                             const std::vector<float>& topk_weights,
+                             const std::function<void(int expert, int token, float* y)>& expert_output);
+
 }  // namespace epkit::ref

@@ -78,37 +78,58 @@ std::vector<int> destination_ranks(const AllToAllConfig& cfg, const int32_t* row
 }
 
 namespace {
-std::vector<float> weighted_sum(const AllToAllConfig& cfg, const GroupRouting& r, const std::vector<float>& w,
-                                const std::function<void(int, int, float*)>& f, bool absolute) {
+// out = sum_k w * y and mag = sum_k |w * y| over each token's valid entries, in double, calling f
+// once per entry (either output may be skipped).
+void weighted_sums(const AllToAllConfig& cfg, const GroupRouting& r, const std::vector<float>& w,
+                   const std::function<void(int, int, float*)>& f, std::vector<float>* out, std::vector<float>* mag) {
   const int K = cfg.experts_per_token, H = cfg.hidden;
   EPKIT_CHECK(w.size() >= static_cast<size_t>(r.num_tokens) * K, "reference: ", w.size(), " weights for ",
               r.num_tokens, " tokens x K = ", K);
-  std::vector<float> out(static_cast<size_t>(r.num_tokens) * H, 0.f);
-  std::vector<double> acc(H);
+  if (out) out->assign(static_cast<size_t>(r.num_tokens) * H, 0.f);
+  if (mag) mag->assign(static_cast<size_t>(r.num_tokens) * H, 0.f);
+  std::vector<double> acc(H), acc_abs(H);
   std::vector<float> y(H);
   for (int t = 0; t < r.num_tokens; ++t) {
     std::fill(acc.begin(), acc.end(), 0.0);
+    std::fill(acc_abs.begin(), acc_abs.end(), 0.0);
     for (int k = 0; k < K; ++k) {
       const int32_t e = r.topk_idx[static_cast<size_t>(t) * K + k];
       if (!valid_expert(cfg, e)) continue;
       f(e, t, y.data());
       const double wk = w[static_cast<size_t>(t) * K + k];
-      for (int h = 0; h < H; ++h) acc[h] += absolute ? std::abs(wk * y[h]) : wk * y[h];
+      for (int h = 0; h < H; ++h) {
+        const double v = wk * y[h];
+        acc[h] += v;
+        acc_abs[h] += std::abs(v);
+      }
     }
-    for (int h = 0; h < H; ++h) out[static_cast<size_t>(t) * H + h] = static_cast<float>(acc[h]);
+    for (int h = 0; h < H; ++h) {
+      if (out) (*out)[static_cast<size_t>(t) * H + h] = static_cast<float>(acc[h]);
+      if (mag) (*mag)[static_cast<size_t>(t) * H + h] = static_cast<float>(acc_abs[h]);
+    }
   }
-  return out;
 }
 }  // namespace
 
 std::vector<float> combine(const AllToAllConfig& cfg, const GroupRouting& r, const std::vector<float>& w,
                            const std::function<void(int, int, float*)>& f) {
-  return weighted_sum(cfg, r, w, f, false);
+  std::vector<float> out;
+  weighted_sums(cfg, r, w, f, &out, nullptr);
+  return out;
 }
 
 std::vector<float> combine_abs(const AllToAllConfig& cfg, const GroupRouting& r, const std::vector<float>& w,
                                const std::function<void(int, int, float*)>& f) {
-  return weighted_sum(cfg, r, w, f, true);
+  std::vector<float> mag;
+  weighted_sums(cfg, r, w, f, nullptr, &mag);
+  return mag;
+}
+
+CombineSums combine_with_abs(const AllToAllConfig& cfg, const GroupRouting& r, const std::vector<float>& w,
+                             const std::function<void(int, int, float*)>& f) {
+  CombineSums s;
+  weighted_sums(cfg, r, w, f, &s.sum, &s.abs);
+  return s;
 }
 
 }  // namespace epkit::ref

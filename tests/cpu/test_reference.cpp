@@ -136,6 +136,21 @@ TEST(Reference, CombineIsTheWeightedSumAndLinear) {
     EXPECT_NEAR(out2[i], 2 * out[i], 1e-3 * (1 + std::abs(out[i])));
     EXPECT_LE(std::abs(out[i]), mag[i] * (1 + 1e-6) + 1e-6);
   }
+  // Both sums in one pass: the same values bit for bit, and the expert function called once per
+  // valid entry (10 of the 15 here) instead of once per sum.
+  int calls = 0;
+  auto counted = [&](int e, int t, float* y) {
+    ++calls;
+    f(e, t, y);
+  };
+  const ref::CombineSums both = ref::combine_with_abs(c, r, w, counted);
+  EXPECT_EQ(calls, 10);
+  ASSERT_EQ(both.sum.size(), out.size());
+  ASSERT_EQ(both.abs.size(), mag.size());
+  for (size_t i = 0; i < out.size(); ++i) {
+    EXPECT_EQ(both.sum[i], out[i]) << i;
+    EXPECT_EQ(both.abs[i], mag[i]) << i;
+  }
 }
 
 // Drops against the placement: with room for everything nothing drops; with too little, the entries

@@ -47,6 +47,124 @@ void encode(DType t, float v, uint8_t* p) {
     default: throw Error("encode: unsupported dtype");
   }
 }
+
+// Fast host codecs, bit-identical to the cuda_fp16 / cuda_bf16 / cuda_fp8 host conversions above
+// for the values the suite makes (finite, |v| < 448). The host reference of a large call converts
+// tens of millions of elements, and those conversions (4-25 ns each, on the CPU machine) were most
+// of the GPU suite's time in its largest cases. Checked against the library conversions in
+// fast_codecs_agree (run once per process, below).
+uint32_t float_bits(float v) {
+  uint32_t u;
+  std::memcpy(&u, &v, 4);
+  return u;
+}
+float bits_float(uint32_t u) {
+  float v;
+  std::memcpy(&v, &u, 4);
+  return v;
+}
+// Round to nearest even at bit 16 (finite v).
+uint16_t bf16_bits_rn(float v) {
+  const uint32_t u = float_bits(v);
+  return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+float bf16_round(float v) { return bits_float(static_cast<uint32_t>(bf16_bits_rn(v)) << 16); }
+// e4m3 (bias 7, 3 mantissa bits): |v| >= 2^-6 (the smallest normal) rounds in the float's bits;
+// smaller ones (subnormals) go through the library.
+uint8_t fp8_e4m3_bits(float v) {
+  const uint32_t u = float_bits(v), mag = u & 0x7FFFFFFFu;
+  if (mag >= (121u << 23) && mag < (135u << 23)) {  // 2^-6 <= |v| < 256: a normal e4m3 or 448
+    const uint32_t r = (mag + 0x7FFFFu + ((mag >> 20) & 1u)) >> 20;  // exponent and 3 mantissa bits, rounded
+    const uint32_t code = r - (120u << 3);
+    return static_cast<uint8_t>(((u >> 24) & 0x80u) | code);
+  }
+  __nv_fp8_e4m3 h(v);
+  uint8_t b;
+  std::memcpy(&b, &h, 1);
+  return b;
+}
+const float* fp8_table() {
+  static const std::vector<float> t = [] {
+    std::vector<float> v(256);
+    for (int i = 0; i < 256; ++i) {
+      const uint8_t b = static_cast<uint8_t>(i);
+      v[i] = decode(DType::kFP8E4M3, &b);
+    }
+    return v;
+  }();
+  return t.data();
+}
+const float* fp16_table() {
+  static const std::vector<float> t = [] {
+    std::vector<float> v(65536);
+    for (int i = 0; i < 65536; ++i) {
+      const uint16_t b = static_cast<uint16_t>(i);
+      v[i] = decode(DType::kFP16, reinterpret_cast<const uint8_t*>(&b));
+    }
+    return v;
+  }();
+  return t.data();
+}
+// Element i of a row of dtype t (the row's bytes at p).
+float fast_decode(DType t, const uint8_t* p, size_t i) {
+  switch (t) {
+    case DType::kFP8E4M3: return fp8_table()[p[i]];
+    case DType::kBF16: {
+      uint16_t b;
+      std::memcpy(&b, p + 2 * i, 2);
+      return bits_float(static_cast<uint32_t>(b) << 16);
+    }
+    case DType::kFP16: {
+      uint16_t b;
+      std::memcpy(&b, p + 2 * i, 2);
+      return fp16_table()[b];
+    }
+    default: return decode(t, p + i * dtype_size(t));
+  }
+}
+float fast_round_to(DType t, float v) { return t == DType::kBF16 ? bf16_round(v) : round_to(t, v); }
+void fast_encode(DType t, float v, uint8_t* p) {
+  switch (t) {
+    case DType::kFP8E4M3: *p = fp8_e4m3_bits(v); break;
+    case DType::kBF16: { const uint16_t b = bf16_bits_rn(v); std::memcpy(p, &b, 2); break; }
+    default: encode(t, v, p);
+  }
+}
+// The fast codecs against the library's on a million random values in the suite's ranges and on
+// every e4m3 and bf16 rounding boundary class near them; throws on the first difference, so that a
+// wrong fast path fails the test that uses it rather than hiding behind a matching reference.
+void check_fast_codecs() {
+  static const bool ok = [] {
+    std::mt19937_64 rng(0x5eed);
+    std::uniform_real_distribution<float> wide(-300.f, 300.f), narrow(-2.5f, 2.5f);
+    std::uniform_int_distribution<uint32_t> bits(0, 0xFFFFFFFFu);
+    for (int i = 0; i < 1000000; ++i) {
+      float v = i % 3 == 0 ? wide(rng) : i % 3 == 1 ? narrow(rng) : bits_float(bits(rng));
+      if (!std::isfinite(v) || std::abs(v) >= 448.f) v = narrow(rng);
+      uint8_t a8, b8[2];
+      encode(DType::kFP8E4M3, v, &a8);
+      fast_encode(DType::kFP8E4M3, v, b8);
+      if (a8 != b8[0]) throw Error("harness: fast e4m3 encode of " + std::to_string(v) + " differs");
+      uint8_t a16[2], b16[2];
+      encode(DType::kBF16, v, a16);
+      fast_encode(DType::kBF16, v, b16);
+      if (std::memcmp(a16, b16, 2) != 0) throw Error("harness: fast bf16 encode of " + std::to_string(v) + " differs");
+      if (float_bits(round_to(DType::kBF16, v)) != float_bits(fast_round_to(DType::kBF16, v)))
+        throw Error("harness: fast bf16 rounding of " + std::to_string(v) + " differs");
+      const uint8_t byte = static_cast<uint8_t>(i);
+      const uint16_t half = static_cast<uint16_t>(bits(rng));
+      const float d8 = decode(DType::kFP8E4M3, &byte), f8 = fast_decode(DType::kFP8E4M3, &byte, 0);
+      const float d16 = decode(DType::kFP16, reinterpret_cast<const uint8_t*>(&half));
+      const float f16 = fast_decode(DType::kFP16, reinterpret_cast<const uint8_t*>(&half), 0);
+      if (float_bits(d8) != float_bits(f8) && !(std::isnan(d8) && std::isnan(f8)))
+        throw Error("harness: fast e4m3 decode differs");
+      if (float_bits(d16) != float_bits(f16) && !(std::isnan(d16) && std::isnan(f16)))
+        throw Error("harness: fast fp16 decode differs");
+    }
+    return true;
+  }();
+  (void)ok;
+}
 }  // namespace
 
 Communicator& comm() { return *g_comm; }
@@ -117,6 +235,7 @@ const char* routing_name(Routing r) {
 }
 
 std::vector<GroupInputs> make_inputs(const AllToAllConfig& cfg, Routing routing, int m, uint64_t seed) {
+  check_fast_codecs();
   const int G = num_dp_groups(cfg), M = cfg.max_tokens_per_rank, H = cfg.hidden, K = cfg.experts_per_token;
   const int E = cfg.num_experts, L = num_local_experts(cfg), ns = scales_per_token(cfg);
   const size_t es = dtype_size(cfg.dispatch_dtype);
@@ -130,7 +249,7 @@ std::vector<GroupInputs> make_inputs(const AllToAllConfig& cfg, Routing routing,
     GroupInputs& in = out[g];
     in.m = m;
     in.x.resize(static_cast<size_t>(M) * H * es);
-    for (size_t i = 0; i < static_cast<size_t>(M) * H; ++i) encode(cfg.dispatch_dtype, val(rng), &in.x[i * es]);
+    for (size_t i = 0; i < static_cast<size_t>(M) * H; ++i) fast_encode(cfg.dispatch_dtype, val(rng), &in.x[i * es]);
     in.x_scale.resize(static_cast<size_t>(M) * ns);
     for (float& s : in.x_scale) s = sc(rng);
     in.weights.resize(static_cast<size_t>(M) * K);
@@ -169,12 +288,16 @@ float expert_scale(int e) { return 1.0f + 0.125f * static_cast<float>(e % 7); }
 float expert_bias(int e) { return 0.01f * static_cast<float>(e % 5); }
 
 void host_expert_output(const AllToAllConfig& cfg, const GroupInputs& in, int t, int e, float* y) {
+  check_fast_codecs();
   const size_t es = dtype_size(cfg.dispatch_dtype);
   const int H = cfg.hidden, ns = scales_per_token(cfg);
+  const uint8_t* row = &in.x[static_cast<size_t>(t) * H * es];
+  const float* sc = ns ? &in.x_scale[static_cast<size_t>(t) * ns] : nullptr;
+  const float c = expert_scale(e), d = expert_bias(e);
   for (int h = 0; h < H; ++h) {
-    float x = decode(cfg.dispatch_dtype, &in.x[(static_cast<size_t>(t) * H + h) * es]);
-    if (ns) x = x * in.x_scale[static_cast<size_t>(t) * ns + h / kScaleBlock];
-    y[h] = round_to(cfg.combine_in_dtype, x * expert_scale(e) + expert_bias(e));
+    float x = fast_decode(cfg.dispatch_dtype, row, h);
+    if (ns) x = x * sc[h / kScaleBlock];
+    y[h] = fast_round_to(cfg.combine_in_dtype, x * c + d);
   }
 }
 
@@ -340,6 +463,29 @@ std::vector<T> download(const DeviceBuffer& b) {
 }
 }  // namespace
 
+// written[r] for each of `rows` rows of expert_x (pb bytes) and their ns scales: bit 0 when a payload
+// byte is not the poison 0xA5, bit 1 when a scale is not the poison 0xFFFFFFFF.
+__global__ void written_rows_kernel(const uint8_t* x, const uint32_t* sc, size_t pb, int ns, size_t rows,
+                                    uint8_t* written) {
+  for (size_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    int bad = 0, bad_sc = 0;
+    for (size_t i = threadIdx.x; i < pb; i += blockDim.x) bad |= x[row * pb + i] != 0xA5;
+    for (int i = threadIdx.x; i < ns; i += blockDim.x) bad_sc |= sc[row * ns + i] != 0xFFFFFFFFu;
+    bad = __syncthreads_or(bad);
+    bad_sc = __syncthreads_or(bad_sc);
+    if (threadIdx.x == 0) written[row] = static_cast<uint8_t>((bad ? 1 : 0) | (bad_sc ? 2 : 0));
+  }
+}
+// Rows idx[0..n) of expert_x and its scales, one after the other.
+__global__ void gather_rows_kernel(const uint8_t* x, const float* sc, size_t pb, int ns, const int64_t* idx, int n,
+                                   uint8_t* gx, float* gs) {
+  for (int i = blockIdx.x; i < n; i += gridDim.x) {
+    const size_t r = static_cast<size_t>(idx[i]);
+    for (size_t j = threadIdx.x; j < pb; j += blockDim.x) gx[static_cast<size_t>(i) * pb + j] = x[r * pb + j];
+    for (int j = threadIdx.x; j < ns; j += blockDim.x) gs[static_cast<size_t>(i) * ns + j] = sc[r * ns + j];
+  }
+}
+
 std::string check_dispatch(const AllToAllConfig& cfg, const std::vector<GroupInputs>& groups, const RankBuffers& b) {
   const int L = num_local_experts(cfg), ns = scales_per_token(cfg);
   const bool packed = cfg.layout == ExpertLayout::kPacked;
@@ -350,8 +496,32 @@ std::string check_dispatch(const AllToAllConfig& cfg, const std::vector<GroupInp
   const ExpertPlacement place = ref::expert_placement(cfg, cfg.rank, rt);
   const auto counts = download<int32_t>(b.expert_num_tokens);
   const auto offsets = packed ? download<int32_t>(b.expert_offsets) : std::vector<int32_t>{};
-  const auto ex = download<uint8_t>(b.expert_x);
-  const auto es = ns ? download<float>(b.expert_x_scale) : std::vector<float>{};
+  // Only the rows the reference places come back to the host (gathered on the GPU); every other row
+  // is checked for its poison there (the whole of expert_x is hundreds of MB for V3 shapes, whose
+  // download and scan were most of the time of the suite's large cases).
+  std::vector<int64_t> placed;
+  for (int el = 0; el < L; ++el)
+    for (int pos = 0; pos < place.count[el]; ++pos) placed.push_back(place.first_row[el] + pos);
+  std::vector<uint8_t> written(rows, 0), ex(placed.size() * pb);
+  std::vector<float> es(placed.size() * ns);
+  if (rows) {
+    DeviceBuffer d_written(rows);
+    written_rows_kernel<<<1024, 256>>>(b.expert_x.as<uint8_t>(), b.expert_x_scale.as<uint32_t>(), pb, ns, rows,
+                                       d_written.as<uint8_t>());
+    cuda_or_throw(cudaGetLastError(), "written_rows_kernel");
+    cuda_or_throw(cudaMemcpy(written.data(), d_written.ptr, rows, cudaMemcpyDeviceToHost), "download written");
+  }
+  if (!placed.empty()) {
+    DeviceBuffer d_idx(placed.size() * 8), d_x(ex.size()), d_s(es.size() * 4);
+    cuda_or_throw(cudaMemcpy(d_idx.ptr, placed.data(), d_idx.bytes, cudaMemcpyHostToDevice), "upload rows");
+    gather_rows_kernel<<<1024, 256>>>(b.expert_x.as<uint8_t>(), b.expert_x_scale.as<float>(), pb, ns,
+                                      d_idx.as<int64_t>(), static_cast<int>(placed.size()), d_x.as<uint8_t>(),
+                                      d_s.as<float>());
+    cuda_or_throw(cudaGetLastError(), "gather_rows_kernel");
+    cuda_or_throw(cudaMemcpy(ex.data(), d_x.ptr, ex.size(), cudaMemcpyDeviceToHost), "download rows");
+    if (ns) cuda_or_throw(cudaMemcpy(es.data(), d_s.ptr, es.size() * 4, cudaMemcpyDeviceToHost), "download scales");
+  }
+  size_t next = 0;  // placed[next]: the next row the loop below reads, in the same order
   std::ostringstream err;
   for (int el = 0; packed && el <= L; ++el)
     if (offsets[el] != place.offsets[el]) {
@@ -380,7 +550,8 @@ std::string check_dispatch(const AllToAllConfig& cfg, const std::vector<GroupInp
     for (int pos = 0; pos < want; ++pos) {
       const size_t row = static_cast<size_t>(first + pos);
       covered[row] = 1;
-      got.push_back(row_bytes(&ex[row * pb], ns ? &es[row * ns] : nullptr));
+      got.push_back(row_bytes(&ex[next * pb], ns ? &es[next * ns] : nullptr));
+      ++next;
     }
     for (const ref::Slot& sl : slots[el]) {
       const GroupInputs& in = groups[sl.group];
@@ -426,21 +597,14 @@ std::string check_dispatch(const AllToAllConfig& cfg, const std::vector<GroupInp
     }
   }
   for (size_t row = 0; row < rows; ++row) {  // nothing may be written outside the placed rows
-    if (covered[row]) continue;
-    for (size_t i = 0; i < pb; ++i)
-      if (ex[row * pb + i] != 0xA5) {
-        err << "expert_x row " << row << " is in no expert's placed rows but was written";
-        if (!packed) err << " (expert " << cfg.rank * L + static_cast<int>(row) / effective_capacity(cfg) << ")";
-        return err.str();
-      }
-    for (int i = 0; i < ns; ++i) {
-      uint32_t bits;
-      std::memcpy(&bits, &es[row * ns + i], 4);
-      if (bits != 0xFFFFFFFFu) {
-        err << "expert_x_scale row " << row << " is in no expert's placed rows but was written";
-        return err.str();
-      }
+    if (covered[row] || written[row] == 0) continue;
+    if (written[row] & 1) {
+      err << "expert_x row " << row << " is in no expert's placed rows but was written";
+      if (!packed) err << " (expert " << cfg.rank * L + static_cast<int>(row) / effective_capacity(cfg) << ")";
+    } else {
+      err << "expert_x_scale row " << row << " is in no expert's placed rows but was written";
     }
+    return err.str();
   }
   return "";
 }
@@ -477,8 +641,9 @@ std::string check_combine(const AllToAllConfig& cfg, const std::vector<GroupInpu
     }
     host_expert_output(cfg, in, t, e, y);
   };
-  const auto want = ref::combine(cfg, rt, in.weights, f);
-  const auto mag = ref::combine_abs(cfg, rt, in.weights, f);
+  const ref::CombineSums sums = ref::combine_with_abs(cfg, rt, in.weights, f);
+  const std::vector<float>& want = sums.sum;
+  const std::vector<float>& mag = sums.abs;
   const auto raw = download<uint8_t>(b.out);
   const size_t os = dtype_size(cfg.combine_out_dtype);
   const double tol = combine_rel_tolerance(cfg.combine_out_dtype);
@@ -494,7 +659,7 @@ std::string check_combine(const AllToAllConfig& cfg, const std::vector<GroupInpu
         continue;
       }
       if (skip[t]) continue;
-      const float got = decode(cfg.combine_out_dtype, p);
+      const float got = fast_decode(cfg.combine_out_dtype, p, 0);
       const double w = want[static_cast<size_t>(t) * H + h], a = mag[static_cast<size_t>(t) * H + h];
       if (!(std::abs(got - w) <= tol * a + 1e-7)) {
         err << "out[" << t << "][" << h << "] = " << got << ", reference " << w << " (|w*y| sum " << a
