@@ -7,6 +7,8 @@ import pytest
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU; runs ranks through torch.multiprocessing.spawn")
     config.addinivalue_line("markers", "stress: longer runs left to `make stress` (make test runs -m 'not stress')")
+    # pytest-xdist's own mark, registered here too for runs without it.
+    config.addinivalue_line("markers", "xdist_group(name): tests that run in one xdist worker (--dist loadgroup)")
 
 
 def pytest_collection_modifyitems(config, items):

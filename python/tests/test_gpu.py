@@ -11,10 +11,14 @@ from _harness import run_ranks  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 stress = pytest.mark.stress
+# Four-rank runs share one pytest-xdist worker (--dist loadgroup), so that with three tests at a
+# time no more than 4 + 2 + 2 PEs share the GPU (scripts/run-python-tests.sh).
+four_pes = pytest.mark.xdist_group("four_pes")
 
 
-@pytest.mark.parametrize("world_size,dp_size", [(2, 1), (4, 2), pytest.param(2, 2, marks=stress),
-                                                pytest.param(4, 1, marks=stress)])
+@pytest.mark.parametrize("world_size,dp_size", [(2, 1), pytest.param(4, 2, marks=four_pes),
+                                                pytest.param(2, 2, marks=stress),
+                                                pytest.param(4, 1, marks=[stress, four_pes])])
 def test_dispatch_combine_pplx_api(world_size, dp_size):
     """Every dtype set pplx-kernels accepts (dp_x bf16/fp16/fp8, expert_y and out_tokens bf16/fp16
     each), one pplx-style AllToAll per element size; host and device m, fused and split, buffer reuse."""
@@ -22,7 +26,7 @@ def test_dispatch_combine_pplx_api(world_size, dp_size):
     run_ranks(compat_correctness, world_size, dp_size)
 
 
-@pytest.mark.parametrize("world_size,dp_size", [(4, 2), pytest.param(2, 1, marks=stress)])
+@pytest.mark.parametrize("world_size,dp_size", [pytest.param(4, 2, marks=four_pes), pytest.param(2, 1, marks=stress)])
 def test_cuda_graph_capture(world_size, dp_size):
     """A dtype set the AllToAll never saw, first used inside the capture; replays with new m."""
     from _cases import cuda_graph
@@ -37,7 +41,7 @@ def test_torch_compile(world_size, dp_size):
     run_ranks(torch_compile, world_size, dp_size)
 
 
-@pytest.mark.parametrize("world_size,dp_size", [(4, 2), pytest.param(2, 1, marks=stress)])
+@pytest.mark.parametrize("world_size,dp_size", [pytest.param(4, 2, marks=four_pes), pytest.param(2, 1, marks=stress)])
 def test_weights_at_dispatch(world_size, dp_size):
     from _cases import weights_at_dispatch
     run_ranks(weights_at_dispatch, world_size, dp_size)

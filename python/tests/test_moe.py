@@ -675,7 +675,7 @@ def test_moe_layer_cuda_graph_and_torch_compile():
 @pytest.mark.parametrize("world_size,dp_size,schedules", [
     (2, 1, ("none", "microbatch")),
     pytest.param(2, 2, ("none", "dispatch_overlap", "microbatch"), marks=stress),
-    pytest.param(4, 2, ("none", "dispatch_overlap", "microbatch"), marks=stress),
+    pytest.param(4, 2, ("none", "dispatch_overlap", "microbatch"), marks=[stress, pytest.mark.xdist_group("four_pes")]),
     pytest.param(2, 1, ("dispatch_overlap",), marks=stress),
 ])
 def test_moe_layer_multi_rank(world_size, dp_size, schedules):
