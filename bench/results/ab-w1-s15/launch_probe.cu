@@ -1,0 +1,145 @@
+// Session 15 (issue 15): where the W = 1 decode pair's time above the harness floor goes. Times, with
+// epkit-bench's method (samples queued behind a host gate in batches of 16; event, kernel(s), event;
+// median of 400), empty kernels of the library's shapes and parameter block, with and without the
+// programmatic-launch attribute, kernels with one and two dependent global round trips, and a pair
+// of kernels with and without an event between them. Standalone: nvcc -O2 -arch=sm_90a -I src.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <functional>
+#include <vector>
+
+#include "kernels/kernel_params.hpp"
+
+using namespace epkit::kernels;
+
+#define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { std::printf("%s: %s\n", #x, cudaGetErrorString(e_)); return 1; } } while (0)
+
+__global__ void gate_kernel(volatile unsigned* flag, unsigned target) {
+  while (*flag < target) __nanosleep(1000);
+}
+__global__ void empty_kernel() {}
+__global__ void params_kernel(const __grid_constant__ CommParams p, const __grid_constant__ DispatchIO io) {
+  if (p.rank == 12345 && io.idx_type == 777) *p.err = ErrorRecord{};  // never true; keeps the parameters
+}
+__global__ void params_wait_kernel(const __grid_constant__ CommParams p, const __grid_constant__ DispatchIO io) {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  if (p.rank == 12345 && io.idx_type == 777) *p.err = ErrorRecord{};
+}
+// Warp 0 of each block: one 16-byte load, then its store (one round trip), or an index load, the
+// data load it selects, then the store (two round trips).
+__global__ void one_trip_kernel(const __grid_constant__ CommParams p, const __grid_constant__ DispatchIO io) {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  if (threadIdx.x >= 32) return;
+  const int4* src = reinterpret_cast<const int4*>(io.x);
+  int4* dst = reinterpret_cast<int4*>(io.expert_x);
+  const int i = blockIdx.x * 32 + threadIdx.x;
+  dst[i] = __ldg(src + i);
+}
+__global__ void two_trip_kernel(const __grid_constant__ CommParams p, const __grid_constant__ DispatchIO io) {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  if (threadIdx.x >= 32) return;
+  const int k = __ldg(static_cast<const int*>(io.topk_idx) + threadIdx.x % 6);
+  const int4* src = reinterpret_cast<const int4*>(io.x);
+  int4* dst = reinterpret_cast<int4*>(io.expert_x);
+  const int i = blockIdx.x * 32 + threadIdx.x;
+  dst[(k & 7) * 4096 + i] = __ldg(src + i);
+}
+
+int main() {
+  cudaStream_t st;
+  CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  unsigned* hflag;
+  CK(cudaHostAlloc(&hflag, 4, cudaHostAllocMapped));
+  *hflag = 0;
+  unsigned* dflag;
+  CK(cudaHostGetDevicePointer(&dflag, hflag, 0));
+  void *x, *y, *idx;
+  CK(cudaMalloc(&x, 1 << 22));
+  CK(cudaMalloc(&y, 1 << 24));
+  CK(cudaMalloc(&idx, 4096));
+  CK(cudaMemset(x, 1, 1 << 22));
+  CK(cudaMemset(idx, 0, 4096));
+  ErrorRecord* err;
+  CK(cudaMalloc(&err, sizeof(ErrorRecord)));
+  CommParams p{};
+  p.rank = 0;
+  p.err = err;
+  DispatchIO io{};
+  io.x = static_cast<const uint8_t*>(x);
+  io.expert_x = static_cast<uint8_t*>(y);
+  io.topk_idx = idx;
+  std::printf("sizeof(CommParams) %zu, sizeof(DispatchIO) %zu\n", sizeof(CommParams), sizeof(DispatchIO));
+  auto pdl = [&](auto kernel, int blocks) {
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(blocks);
+    cfg.blockDim = dim3(512);
+    cfg.stream = st;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    return cudaLaunchKernelEx(&cfg, kernel, p, io);
+  };
+  unsigned target = 0;
+  const int samples = 400, batch = 16;
+  // marks: events per sample (2 or 3); steps: what runs between them
+  auto time = [&](const char* name, std::vector<std::function<void()>> steps) -> int {
+    const int marks = static_cast<int>(steps.size()) + 1;
+    std::vector<cudaEvent_t> ev(static_cast<size_t>(samples + 8) * marks);
+    for (auto& e : ev) CK(cudaEventCreate(&e));
+    for (int i0 = 0; i0 < samples + 8; i0 += batch) {
+      gate_kernel<<<1, 1, 0, st>>>(dflag, ++target);
+      for (int i = i0; i < std::min(samples + 8, i0 + batch); ++i) {
+        CK(cudaEventRecord(ev[i * marks], st));
+        for (int s = 0; s < marks - 1; ++s) {
+          steps[s]();
+          if (s == marks - 2 || name[0] != '*') CK(cudaEventRecord(ev[i * marks + s + 1], st));  // '*': no middle events
+        }
+      }
+      __atomic_store_n(hflag, target, __ATOMIC_SEQ_CST);
+    }
+    CK(cudaStreamSynchronize(st));
+    CK(cudaGetLastError());
+    std::vector<double> us;
+    for (int i = 8; i < samples + 8; ++i) {
+      float ms;
+      CK(cudaEventElapsedTime(&ms, ev[i * marks], ev[i * marks + marks - 1]));
+      us.push_back(1000.0 * ms);
+    }
+    std::sort(us.begin(), us.end());
+    std::printf("%-58s median %6.2f us  p10 %6.2f  p90 %6.2f\n", name, us[us.size() / 2], us[us.size() / 10],
+                us[us.size() * 9 / 10]);
+    for (auto& e : ev) cudaEventDestroy(e);
+    return 0;
+  };
+  for (int round = 0; round < 2; ++round) {
+    std::printf("round %d\n", round + 1);
+    time("empty <<<1, 32>>>", {[&] { empty_kernel<<<1, 32, 0, st>>>(); }});
+    time("empty <<<64, 512>>> (the bench's floor)", {[&] { empty_kernel<<<64, 512, 0, st>>>(); }});
+    for (int b : {8, 24, 112}) {
+      char n[96];
+      std::snprintf(n, sizeof n, "empty <<<%d, 512>>>", b);
+      time(n, {[&] { empty_kernel<<<b, 512, 0, st>>>(); }});
+      std::snprintf(n, sizeof n, "params (CommParams, DispatchIO) <<<%d, 512>>>", b);
+      time(n, {[&] { params_kernel<<<b, 512, 0, st>>>(p, io); }});
+      std::snprintf(n, sizeof n, "params, launched with the PDL attribute, %d blocks", b);
+      time(n, {[&] { pdl(params_kernel, b); }});
+      std::snprintf(n, sizeof n, "params + griddepcontrol, PDL, %d blocks", b);
+      time(n, {[&] { pdl(params_wait_kernel, b); }});
+      std::snprintf(n, sizeof n, "one round trip (load, store), PDL, %d blocks", b);
+      time(n, {[&] { pdl(one_trip_kernel, b); }});
+      std::snprintf(n, sizeof n, "two round trips (index, load, store), PDL, %d blocks", b);
+      time(n, {[&] { pdl(two_trip_kernel, b); }});
+    }
+    time("pair: ev, two-trip 24, ev, one-trip 8, ev", {[&] { pdl(two_trip_kernel, 24); }, [&] { pdl(one_trip_kernel, 8); }});
+    time("*pair without the middle event: ev, two-trip 24, one-trip 8, ev",
+         {[&] { pdl(two_trip_kernel, 24); }, [&] { pdl(one_trip_kernel, 8); }});
+  }
+  return 0;
+}
