@@ -50,6 +50,47 @@ __global__ void two_trip_kernel(const __grid_constant__ CommParams p, const __gr
   dst[(k & 7) * 4096 + i] = __ldg(src + i);
 }
 
+// Instruction fetch: the two-trip kernel after N integer multiply-adds (8 chains), as N
+// straight-line instructions (kStraight: N * 16 bytes of code the warp runs through once), as a loop
+// over the same adds (kLoop: the same work in ~100 bytes of code), or straight-line but branched
+// over (kSkipped: the code sits between the index load and the data load, not executed).
+enum FetchMode { kStraight, kLoop, kSkipped };
+template <int N, int kMode>
+__global__ void fetch_kernel(const __grid_constant__ CommParams p, const __grid_constant__ DispatchIO io) {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  if (threadIdx.x >= 32) return;
+  unsigned a[8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) a[j] = threadIdx.x + j;
+  const int k = __ldg(static_cast<const int*>(io.topk_idx) + threadIdx.x % 6);
+  auto adds = [&] {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) asm volatile("mad.lo.u32 %0, %0, %0, %1;" : "+r"(a[j]) : "r"(a[(j + 1) % 8]));
+  };
+  if constexpr (kMode == kStraight) {
+#pragma unroll
+    for (int i = 0; i < N / 8; ++i) adds();
+  } else if constexpr (kMode == kLoop) {
+#pragma unroll 1
+    for (int i = 0; i < N / 8; ++i) adds();
+  } else {
+    if (k == 0x7fffffff) {  // never: the indices are zero
+#pragma unroll
+      for (int i = 0; i < N / 8; ++i) adds();
+    }
+  }
+  unsigned h = 0;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) h ^= a[j];
+  const int4* src = reinterpret_cast<const int4*>(io.x);
+  int4* dst = reinterpret_cast<int4*>(io.expert_x);
+  const int i = blockIdx.x * 32 + threadIdx.x;
+  int4 v = __ldg(src + i);
+  v.x ^= static_cast<int>(h == 0x12345u);
+  dst[(k & 7) * 4096 + i] = v;
+}
+
 int main() {
   cudaStream_t st;
   CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
@@ -136,6 +177,22 @@ int main() {
       time(n, {[&] { pdl(one_trip_kernel, b); }});
       std::snprintf(n, sizeof n, "two round trips (index, load, store), PDL, %d blocks", b);
       time(n, {[&] { pdl(two_trip_kernel, b); }});
+    }
+    {
+      char n[96];
+      auto fetch = [&](auto kernel, const char* what, int N) {
+        std::snprintf(n, sizeof n, "two-trip + %d IMADs %s, PDL, 24 blocks", N, what);
+        time(n, {[&] { pdl(kernel, 24); }});
+      };
+      fetch(fetch_kernel<256, kStraight>, "straight (4 KB)", 256);
+      fetch(fetch_kernel<256, kLoop>, "in a loop", 256);
+      fetch(fetch_kernel<256, kSkipped>, "skipped (4 KB)", 256);
+      fetch(fetch_kernel<1024, kStraight>, "straight (16 KB)", 1024);
+      fetch(fetch_kernel<1024, kLoop>, "in a loop", 1024);
+      fetch(fetch_kernel<1024, kSkipped>, "skipped (16 KB)", 1024);
+      fetch(fetch_kernel<2048, kStraight>, "straight (32 KB)", 2048);
+      fetch(fetch_kernel<2048, kLoop>, "in a loop", 2048);
+      fetch(fetch_kernel<2048, kSkipped>, "skipped (32 KB)", 2048);
     }
     time("pair: ev, two-trip 24, ev, one-trip 8, ev", {[&] { pdl(two_trip_kernel, 24); }, [&] { pdl(one_trip_kernel, 8); }});
     time("*pair without the middle event: ev, two-trip 24, one-trip 8, ev",
