@@ -91,6 +91,62 @@ __global__ void fetch_kernel(const __grid_constant__ CommParams p, const __grid_
   dst[(k & 7) * 4096 + i] = v;
 }
 
+// Parameter reads: the two-trip kernel whose addresses also depend on 14 parameter words, spread over
+// the 480-byte parameter block as the library's kernels read theirs (kSpread: 8 different 64-byte
+// lines of the constant bank) or all within the first 64 bytes of CommParams (kCompact). Each term
+// is zero at run time but cannot be folded.
+template <bool kSpread>
+__global__ void params_read_kernel(const __grid_constant__ CommParams p, const __grid_constant__ DispatchIO io) {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  if (threadIdx.x >= 32) return;
+  int z;
+  if constexpr (kSpread) {
+    z = (p.capacity == 77777) + (p.payload_bytes == 77777) + (p.timeout_ns == 77777) + (p.sym == nullptr) +
+        (p.off_dispatch_recv == 77777) + (p.off_combine_flag == 77777) + (p.state == nullptr) +
+        (p.recv_map != nullptr) + (p.err == nullptr) + (p.packed == 77777) + (p.rank_div == 77777u) +
+        (io.expert_num_tokens == nullptr) + (io.x_scale != nullptr) + (io.m.host_m == 77777);
+  } else {
+    z = (p.rank == 77777) + (p.world_size == 77777) + (p.dp_size == 77777) + (p.num_experts == 77777) +
+        (p.num_local_experts == 77777) + (p.topk == 77777) + (p.hidden == 77777) + (p.max_tokens == 77777) +
+        (p.max_msgs_per_src == 77777) + (p.capacity == 77777) + (p.num_scales == 77777) + (p.msg_bytes == 77777) +
+        (p.header_bytes == 77777) + (p.payload_bytes == 77777);
+  }
+  const int k = __ldg(static_cast<const int*>(io.topk_idx) + threadIdx.x % 6 + z);
+  const int4* src = reinterpret_cast<const int4*>(io.x);
+  int4* dst = reinterpret_cast<int4*>(io.expert_x);
+  const int i = blockIdx.x * 32 + threadIdx.x;
+  dst[(k & 7) * 4096 + i + z] = __ldg(src + i + z);
+}
+
+// The 1-token dispatch's shape without its code: lane i of warp 0 in every block loads index i of
+// n = 6 and ranks it with __match_any_sync, each block's warp 0 stores one 512-byte piece into the
+// row of its entry; with kTail, block 0 then meets at two block barriers, counts in shared memory
+// and stores the counts (local_dispatch_tiny's last steps).
+template <bool kTail>
+__global__ void tiny_shape_kernel(const __grid_constant__ CommParams p, const __grid_constant__ DispatchIO io) {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  __shared__ int cnt[64];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, n = 6;
+  int e = -1;
+  int4 v{};
+  if (warp == 0) {
+    e = lane < n ? __ldg(static_cast<const int*>(io.topk_idx) + lane) + lane : -1;
+    v = __ldg(reinterpret_cast<const int4*>(io.x) + blockIdx.x % 4 * 32 + lane);
+    const unsigned peers = __match_any_sync(0xffffffffu, e);
+    const int rk = __popc(peers & ((1u << lane) - 1u));
+    const int row = __shfl_sync(0xffffffffu, e * 64 + rk, blockIdx.x % n);
+    reinterpret_cast<int4*>(io.expert_x)[static_cast<size_t>(row) * 128 + blockIdx.x % 4 * 32 + lane] = v;
+  }
+  if (!kTail || blockIdx.x != 0) return;
+  for (int x = threadIdx.x; x < 64; x += blockDim.x) cnt[x] = 0;
+  __syncthreads();
+  if (warp == 0 && lane < n) atomicAdd(&cnt[e & 63], 1);
+  __syncthreads();
+  for (int x = threadIdx.x; x < 64; x += blockDim.x) io.expert_num_tokens[x] = cnt[x];
+}
+
 int main() {
   cudaStream_t st;
   CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
@@ -114,6 +170,9 @@ int main() {
   io.x = static_cast<const uint8_t*>(x);
   io.expert_x = static_cast<uint8_t*>(y);
   io.topk_idx = idx;
+  int32_t* counts;
+  CK(cudaMalloc(&counts, 256));
+  io.expert_num_tokens = counts;
   std::printf("sizeof(CommParams) %zu, sizeof(DispatchIO) %zu\n", sizeof(CommParams), sizeof(DispatchIO));
   auto pdl = [&](auto kernel, int blocks) {
     cudaLaunchConfig_t cfg{};
@@ -194,6 +253,10 @@ int main() {
       fetch(fetch_kernel<2048, kLoop>, "in a loop", 2048);
       fetch(fetch_kernel<2048, kSkipped>, "skipped (32 KB)", 2048);
     }
+    time("tiny-dispatch shape (6 indices, match, 512 B stores), 24 blocks", {[&] { pdl(tiny_shape_kernel<false>, 24); }});
+    time("tiny-dispatch shape + block 0's barriers and counts, 24 blocks", {[&] { pdl(tiny_shape_kernel<true>, 24); }});
+    time("two-trip + 14 parameter words on 8 lines, PDL, 24 blocks", {[&] { pdl(params_read_kernel<true>, 24); }});
+    time("two-trip + 14 parameter words on 1 line, PDL, 24 blocks", {[&] { pdl(params_read_kernel<false>, 24); }});
     time("pair: ev, two-trip 24, ev, one-trip 8, ev", {[&] { pdl(two_trip_kernel, 24); }, [&] { pdl(one_trip_kernel, 8); }});
     time("*pair without the middle event: ev, two-trip 24, one-trip 8, ev",
          {[&] { pdl(two_trip_kernel, 24); }, [&] { pdl(one_trip_kernel, 8); }});
