@@ -298,56 +298,12 @@ __device__ __forceinline__ int local_send_start(const CommParams& p, const Dispa
   return resolve_num_tokens(p, io.m, kPhaseDispatchSend, 0, blockIdx.x == 0);
 }
 
-// The masked counts of a call of n <= 32 entries, by one warp: lane i holds entry i's expert (-1:
-// none); lane l writes the counts of experts l, l + 32, ..., each counted over the n entries (n
-// shuffles per 256 experts), and reports those above capacity as local_counts_out does. No shared
-// memory and no block barrier: measured on one H200 (session 15, call 5), dropping block 0's
-// barriers-and-shared-memory count from the 1-token dispatch saved 0.2-0.3 us of its 5.4-5.6.
-#ifndef EPKIT_AB_TINY_BLOCK_COUNTS  // A/B builds only (EPKIT_AB_FLAGS=-DEPKIT_AB_TINY_BLOCK_COUNTS=1: the block's count)
-#define EPKIT_AB_TINY_BLOCK_COUNTS 0
-#endif
-constexpr int kTinyCountsPer = 8;  // experts per lane per round of tiny_counts_out
-// Out of line and cold (every lane of the warp calls it, as the shuffles need): the round's counts
-// above capacity, counted again, recorded.
-__device__ __noinline__ void tiny_capacity_errors(const CommParams& p, int e, int n, int lane, int x0) {
-#pragma unroll 1
-  for (int j = 0; j < kTinyCountsPer; ++j) {
-    const int x = x0 + j * kWarpSize + lane;
-    int c = 0;
-    for (int i = 0; i < n; ++i) c += __shfl_sync(0xffffffffu, e, i) == x;
-    if (x < p.num_experts && c > p.capacity)
-      record_error(p, kErrCapacity, kPhaseDispatchRecv, kWaitNone, -1, x, -1, c, p.capacity, 0);
-  }
-}
-__device__ void tiny_counts_out(const CommParams& p, const DispatchIO& io, int e, int n, int lane) {
-  const int E = p.num_experts, cap = p.capacity;
-  constexpr int kPer = kTinyCountsPer;
-  for (int x0 = 0; x0 < E; x0 += kPer * kWarpSize) {
-    int c[kPer] = {};
-    for (int i = 0; i < n; ++i) {  // n is warp-uniform: every lane takes every shuffle
-      const int ei = __shfl_sync(0xffffffffu, e, i);
-#pragma unroll
-      for (int j = 0; j < kPer; ++j) c[j] += ei == x0 + j * kWarpSize + lane;
-    }
-    bool over = false;
-#pragma unroll
-    for (int j = 0; j < kPer; ++j) {
-      const int x = x0 + j * kWarpSize + lane;
-      if (x >= E) continue;
-      io.expert_num_tokens[x] = min(c[j], cap);
-      over |= c[j] > cap;
-    }
-    if (__any_sync(0xffffffffu, over)) tiny_capacity_errors(p, e, n, lane, x0);  // x0 and n: warp-uniform
-  }
-}
-
 // Fused dispatch of at most 32 entries (m * K <= 32: decode at 1-4 tokens for top-8): every warp
 // loads all the indices itself and ranks them with one __match_any_sync, so that no warp waits for
 // shared memory or a block barrier before its store (the ranking measured 1.0 us of the 1-token
 // dispatch with them). Same ranks and rows as local_dispatch_small: rank = entries of the same
 // expert earlier in entry order; packed, the expert's first row is the sum of the aligned counts of
-// the experts below it. Block 0 writes the counts after its stores (masked: its warp 0 alone,
-// tiny_counts_out).
+// the experts below it. Block 0 writes the counts after its stores.
 template <int U>
 __device__ void local_dispatch_tiny(const CommParams& p, const DispatchIO& io, int* smem, int m,
                                     const PieceUnits<U>& u) {
@@ -386,10 +342,6 @@ __device__ void local_dispatch_tiny(const CommParams& p, const DispatchIO& io, i
   scatter_units<U>(p, io, u, pre, pre_sc,
                    [&](int i) { return __shfl_sync(0xffffffffu, row, i); });  // every lane: q is warp-uniform
   if (blockIdx.x != 0) return;
-  if (!EPKIT_AB_TINY_BLOCK_COUNTS && !p.packed) {  // masked: warp 0 alone (tiny_counts_out)
-    if (warp == 0) tiny_counts_out(p, io, e, n, lane);
-    return;
-  }
   // The counts (and, packed, the offsets) from warp 0's groups, as local_counts_out writes them.
   const CountSmem cs = carve_counts(smem, E);
   for (int x = threadIdx.x; x < E; x += blockDim.x) cs.cnt[x] = 0;
