@@ -298,16 +298,12 @@ __device__ __forceinline__ int local_send_start(const CommParams& p, const Dispa
   return resolve_num_tokens(p, io.m, kPhaseDispatchSend, 0, blockIdx.x == 0);
 }
 
-#ifndef EPKIT_AB_TINY_BLOCK_COUNTS  // A/B builds only (=1: block 0 counts the masked layout too)
-#define EPKIT_AB_TINY_BLOCK_COUNTS 0
-#endif
 // Fused dispatch of at most 32 entries (m * K <= 32: decode at 1-4 tokens for top-8): every warp
 // loads all the indices itself and ranks them with one __match_any_sync, so that no warp waits for
 // shared memory or a block barrier before its store (the ranking measured 1.0 us of the 1-token
 // dispatch with them). Same ranks and rows as local_dispatch_small: rank = entries of the same
 // expert earlier in entry order; packed, the expert's first row is the sum of the aligned counts of
-// the experts below it. Block 0 writes the counts after its stores (masked: warp 0 of the first
-// ceil(E / 32) blocks, 32 experts each).
+// the experts below it. Block 0 writes the counts after its stores.
 template <int U>
 __device__ void local_dispatch_tiny(const CommParams& p, const DispatchIO& io, int* smem, int m,
                                     const PieceUnits<U>& u) {
@@ -345,24 +341,6 @@ __device__ void local_dispatch_tiny(const CommParams& p, const DispatchIO& io, i
   EPKIT_STAGE(p, kStOffsetsDone);
   scatter_units<U>(p, io, u, pre, pre_sc,
                    [&](int i) { return __shfl_sync(0xffffffffu, row, i); });  // every lane: q is warp-uniform
-  if (!EPKIT_AB_TINY_BLOCK_COUNTS && !p.packed) {
-    // Masked: warp 0 of blocks b, b + grid, ... counts experts 32 b .. 32 b + 31, one per lane, over
-    // the n entries its lanes hold, and stores them: a few shuffles in ceil(E / 32) blocks instead of
-    // block 0's barriers and every count at its end (measured, session 15 call 5: without block 0's
-    // count the 1-token dispatch took 0.2-0.3 us less; one warp storing all E counts was slower).
-    if (warp != 0) return;
-    const int E = p.num_experts, cap = p.capacity;
-    for (int b = blockIdx.x; b * kWarpSize < E; b += gridDim.x) {  // warp-uniform: every lane shuffles
-      const int x = b * kWarpSize + lane;
-      int c = 0;
-      for (int i = 0; i < n; ++i) c += __shfl_sync(0xffffffffu, e, i) == x;
-      if (x < E) {
-        io.expert_num_tokens[x] = min(c, cap);
-        if (c > cap) record_error(p, kErrCapacity, kPhaseDispatchRecv, kWaitNone, -1, x, -1, c, cap, 0);
-      }
-    }
-    return;
-  }
   if (blockIdx.x != 0) return;
   // The counts (and, packed, the offsets) from warp 0's groups, as local_counts_out writes them.
   const CountSmem cs = carve_counts(smem, E);
