@@ -77,16 +77,16 @@ std::vector<int> destination_ranks(const AllToAllConfig& cfg, const int32_t* row
   return d;
 }
 
-namespace {
-// out = sum_k w * y and mag = sum_k |w * y| over each token's valid entries, in double, calling f
-// once per entry (either output may be skipped).
-void weighted_sums(const AllToAllConfig& cfg, const GroupRouting& r, const std::vector<float>& w,
-                   const std::function<void(int, int, float*)>& f, std::vector<float>* out, std::vector<float>* mag) {
+// One pass over each token's valid entries, in double, calling f once per entry: sum_k w * y and
+// sum_k |w * y|. combine and combine_abs return one of the two.
+CombineSums combine_with_abs(const AllToAllConfig& cfg, const GroupRouting& r, const std::vector<float>& w,
+                             const std::function<void(int, int, float*)>& f) {
   const int K = cfg.experts_per_token, H = cfg.hidden;
   EPKIT_CHECK(w.size() >= static_cast<size_t>(r.num_tokens) * K, "reference: ", w.size(), " weights for ",
               r.num_tokens, " tokens x K = ", K);
-  if (out) out->assign(static_cast<size_t>(r.num_tokens) * H, 0.f);
-  if (mag) mag->assign(static_cast<size_t>(r.num_tokens) * H, 0.f);
+  CombineSums s;
+  s.sum.assign(static_cast<size_t>(r.num_tokens) * H, 0.f);
+  s.abs.assign(static_cast<size_t>(r.num_tokens) * H, 0.f);
   std::vector<double> acc(H), acc_abs(H);
   std::vector<float> y(H);
   for (int t = 0; t < r.num_tokens; ++t) {
@@ -104,32 +104,21 @@ void weighted_sums(const AllToAllConfig& cfg, const GroupRouting& r, const std::
       }
     }
     for (int h = 0; h < H; ++h) {
-      if (out) (*out)[static_cast<size_t>(t) * H + h] = static_cast<float>(acc[h]);
-      if (mag) (*mag)[static_cast<size_t>(t) * H + h] = static_cast<float>(acc_abs[h]);
+      s.sum[static_cast<size_t>(t) * H + h] = static_cast<float>(acc[h]);
+      s.abs[static_cast<size_t>(t) * H + h] = static_cast<float>(acc_abs[h]);
     }
   }
+  return s;
 }
-}  // namespace
 
 std::vector<float> combine(const AllToAllConfig& cfg, const GroupRouting& r, const std::vector<float>& w,
                            const std::function<void(int, int, float*)>& f) {
-  std::vector<float> out;
-  weighted_sums(cfg, r, w, f, &out, nullptr);
-  return out;
+  return combine_with_abs(cfg, r, w, f).sum;
 }
 
 std::vector<float> combine_abs(const AllToAllConfig& cfg, const GroupRouting& r, const std::vector<float>& w,
                                const std::function<void(int, int, float*)>& f) {
-  std::vector<float> mag;
-  weighted_sums(cfg, r, w, f, nullptr, &mag);
-  return mag;
-}
-
-CombineSums combine_with_abs(const AllToAllConfig& cfg, const GroupRouting& r, const std::vector<float>& w,
-                             const std::function<void(int, int, float*)>& f) {
-  CombineSums s;
-  weighted_sums(cfg, r, w, f, &s.sum, &s.abs);
-  return s;
+  return combine_with_abs(cfg, r, w, f).abs;
 }
 
 }  // namespace epkit::ref
