@@ -51,8 +51,8 @@ void encode(DType t, float v, uint8_t* p) {
 // Fast host codecs, bit-identical to the cuda_fp16 / cuda_bf16 / cuda_fp8 host conversions above
 // for the values the suite makes (finite, |v| < 448). The host reference of a large call converts
 // tens of millions of elements, and those conversions (4-25 ns each, on the CPU machine) were most
-// of the GPU suite's time in its largest cases. Checked against the library conversions in
-// fast_codecs_agree (run once per process, below).
+// of the GPU suite's time in its largest cases. Checked against the library conversions by
+// check_fast_codecs, once per test process (gpu_test_main).
 uint32_t float_bits(float v) {
   uint32_t u;
   std::memcpy(&u, &v, 4);
@@ -130,42 +130,36 @@ void fast_encode(DType t, float v, uint8_t* p) {
     default: encode(t, v, p);
   }
 }
-// The fast codecs against the library's on a million random values in the suite's ranges and on
-// every e4m3 and bf16 rounding boundary class near them; throws on the first difference, so that a
-// wrong fast path fails the test that uses it rather than hiding behind a matching reference.
-void check_fast_codecs() {
-  static const bool ok = [] {
-    std::mt19937_64 rng(0x5eed);
-    std::uniform_real_distribution<float> wide(-300.f, 300.f), narrow(-2.5f, 2.5f);
-    std::uniform_int_distribution<uint32_t> bits(0, 0xFFFFFFFFu);
-    for (int i = 0; i < 1000000; ++i) {
-      float v = i % 3 == 0 ? wide(rng) : i % 3 == 1 ? narrow(rng) : bits_float(bits(rng));
-      if (!std::isfinite(v) || std::abs(v) >= 448.f) v = narrow(rng);
-      uint8_t a8, b8[2];
-      encode(DType::kFP8E4M3, v, &a8);
-      fast_encode(DType::kFP8E4M3, v, b8);
-      if (a8 != b8[0]) throw Error("harness: fast e4m3 encode of " + std::to_string(v) + " differs");
-      uint8_t a16[2], b16[2];
-      encode(DType::kBF16, v, a16);
-      fast_encode(DType::kBF16, v, b16);
-      if (std::memcmp(a16, b16, 2) != 0) throw Error("harness: fast bf16 encode of " + std::to_string(v) + " differs");
-      if (float_bits(round_to(DType::kBF16, v)) != float_bits(fast_round_to(DType::kBF16, v)))
-        throw Error("harness: fast bf16 rounding of " + std::to_string(v) + " differs");
-      const uint8_t byte = static_cast<uint8_t>(i);
-      const uint16_t half = static_cast<uint16_t>(bits(rng));
-      const float d8 = decode(DType::kFP8E4M3, &byte), f8 = fast_decode(DType::kFP8E4M3, &byte, 0);
-      const float d16 = decode(DType::kFP16, reinterpret_cast<const uint8_t*>(&half));
-      const float f16 = fast_decode(DType::kFP16, reinterpret_cast<const uint8_t*>(&half), 0);
-      if (float_bits(d8) != float_bits(f8) && !(std::isnan(d8) && std::isnan(f8)))
-        throw Error("harness: fast e4m3 decode differs");
-      if (float_bits(d16) != float_bits(f16) && !(std::isnan(d16) && std::isnan(f16)))
-        throw Error("harness: fast fp16 decode differs");
-    }
-    return true;
-  }();
-  (void)ok;
-}
 }  // namespace
+
+void check_fast_codecs() {
+  std::mt19937_64 rng(0x5eed);
+  std::uniform_real_distribution<float> wide(-300.f, 300.f), narrow(-2.5f, 2.5f);
+  std::uniform_int_distribution<uint32_t> bits(0, 0xFFFFFFFFu);
+  for (int i = 0; i < 1000000; ++i) {
+    float v = i % 3 == 0 ? wide(rng) : i % 3 == 1 ? narrow(rng) : bits_float(bits(rng));
+    if (!std::isfinite(v) || std::abs(v) >= 448.f) v = narrow(rng);
+    uint8_t a8, b8[2];
+    encode(DType::kFP8E4M3, v, &a8);
+    fast_encode(DType::kFP8E4M3, v, b8);
+    if (a8 != b8[0]) throw Error("harness: fast e4m3 encode of " + std::to_string(v) + " differs");
+    uint8_t a16[2], b16[2];
+    encode(DType::kBF16, v, a16);
+    fast_encode(DType::kBF16, v, b16);
+    if (std::memcmp(a16, b16, 2) != 0) throw Error("harness: fast bf16 encode of " + std::to_string(v) + " differs");
+    if (float_bits(round_to(DType::kBF16, v)) != float_bits(fast_round_to(DType::kBF16, v)))
+      throw Error("harness: fast bf16 rounding of " + std::to_string(v) + " differs");
+    const uint8_t byte = static_cast<uint8_t>(i);
+    const uint16_t half = static_cast<uint16_t>(bits(rng));
+    const float d8 = decode(DType::kFP8E4M3, &byte), f8 = fast_decode(DType::kFP8E4M3, &byte, 0);
+    const float d16 = decode(DType::kFP16, reinterpret_cast<const uint8_t*>(&half));
+    const float f16 = fast_decode(DType::kFP16, reinterpret_cast<const uint8_t*>(&half), 0);
+    if (float_bits(d8) != float_bits(f8) && !(std::isnan(d8) && std::isnan(f8)))
+      throw Error("harness: fast e4m3 decode differs");
+    if (float_bits(d16) != float_bits(f16) && !(std::isnan(d16) && std::isnan(f16)))
+      throw Error("harness: fast fp16 decode differs");
+  }
+}
 
 Communicator& comm() { return *g_comm; }
 
@@ -178,6 +172,7 @@ int gpu_test_main(int argc, char** argv, void (*parse)(int argc, char** argv)) {
     return 77;
   }
   try {
+    check_fast_codecs();  // before any input or reference uses them
     Communicator c = Communicator::from_env();
     g_comm = &c;
     const int rc = RUN_ALL_TESTS();
@@ -235,7 +230,6 @@ const char* routing_name(Routing r) {
 }
 
 std::vector<GroupInputs> make_inputs(const AllToAllConfig& cfg, Routing routing, int m, uint64_t seed) {
-  check_fast_codecs();
   const int G = num_dp_groups(cfg), M = cfg.max_tokens_per_rank, H = cfg.hidden, K = cfg.experts_per_token;
   const int E = cfg.num_experts, L = num_local_experts(cfg), ns = scales_per_token(cfg);
   const size_t es = dtype_size(cfg.dispatch_dtype);
@@ -288,7 +282,6 @@ float expert_scale(int e) { return 1.0f + 0.125f * static_cast<float>(e % 7); }
 float expert_bias(int e) { return 0.01f * static_cast<float>(e % 5); }
 
 void host_expert_output(const AllToAllConfig& cfg, const GroupInputs& in, int t, int e, float* y) {
-  check_fast_codecs();
   const size_t es = dtype_size(cfg.dispatch_dtype);
   const int H = cfg.hidden, ns = scales_per_token(cfg);
   const uint8_t* row = &in.x[static_cast<size_t>(t) * H * es];

@@ -35,6 +35,12 @@ int gpu_test_main(int argc, char** argv, void (*parse)(int argc, char** argv));
              << (_p.empty() ? "ok here, failed on another rank" : _p) << "\n  case: " << (what);   \
     }                                                                                               \
   } while (0)
+// The harness's fast host conversions (make_inputs, host_expert_output, check_combine) against
+// the cuda_fp8 / cuda_bf16 / cuda_fp16 host conversions on a million random values (the suite's
+// ranges and random bit patterns); throws Error on the first difference, so that a wrong fast path
+// fails the process rather than hiding behind a reference computed the same wrong way.
+// gpu_test_main calls it; a test with its own main calls it before make_inputs.
+void check_fast_codecs();
 // Fresh per launch: EPKIT_RUN_SEED (epkit-run draws a new one each launch), mixed with a case id.
 uint64_t case_seed(uint64_t case_id);
 // True on every rank iff `ok` is true on every rank (host allgather).

@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
     std::printf("skipped: no GPU\n");
     return 77;
   }
+  check_fast_codecs();
   Communicator comm = Communicator::from_env();
   const int victim = comm.world_size() - 1;
   // Survivors outlive the launcher's SIGTERM so that they can show their own timeout.
