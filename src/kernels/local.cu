@@ -147,8 +147,8 @@ __device__ void local_counts_out(const CommParams& p, const DispatchIO& io, cons
 template <int U>
 __device__ __forceinline__ void store_row_piece(const CommParams& p, const DispatchIO& io, const int4 (&v)[U],
                                                 const float (&sc)[kScaleRegs], const float* src_sc, int r, int pc,
-                                                int lane) {
-  const int chunks = p.payload_bytes / 16, ns = p.num_scales;
+                                                int lane, bool scales = true) {
+  const int chunks = p.payload_bytes / 16, ns = scales ? p.num_scales : 0;
   int4* dst = reinterpret_cast<int4*>(io.expert_x + static_cast<size_t>(r) * p.payload_bytes);
 #pragma unroll
   for (int q = 0; q < U; ++q) {
@@ -180,8 +180,8 @@ __device__ __forceinline__ void store_to_rows(const CommParams& p, const Dispatc
 // Piece pc of token t (U 16-byte chunks per lane) and, with pc == 0, its first scales.
 template <int U>
 __device__ __forceinline__ void load_piece(const CommParams& p, const DispatchIO& io, int t, int pc, int lane,
-                                           int4 (&v)[U], float (&sc)[kScaleRegs]) {
-  const int chunks = p.payload_bytes / 16, ns = p.num_scales;
+                                           int4 (&v)[U], float (&sc)[kScaleRegs], bool scales = true) {
+  const int chunks = p.payload_bytes / 16, ns = scales ? p.num_scales : 0;
   const int4* src = reinterpret_cast<const int4*>(io.x + static_cast<size_t>(t) * p.payload_bytes);
 #pragma unroll
   for (int q = 0; q < U; ++q) {
@@ -225,6 +225,7 @@ __device__ __forceinline__ void write_map_entry(const CommParams& p, const Dispa
 template <int U>
 struct PieceUnits {
   int K, npc, units, gw, gstride;
+  bool scales = true;  // false: the pieces carry no scales (the one-warp dispatch's scale units store them)
   __device__ PieceUnits(const CommParams& p, int m)
       : K(p.topk),
         npc(local_pieces_per_row(p.payload_bytes, U)),
@@ -234,7 +235,7 @@ struct PieceUnits {
   __device__ int token(int q) const { return q / K / npc; }
   __device__ int piece(int q) const { return q / K % npc; }
   __device__ void load(const CommParams& p, const DispatchIO& io, int q, int4 (&v)[U], float (&sc)[kScaleRegs]) const {
-    load_piece<U>(p, io, token(q), piece(q), threadIdx.x % kWarpSize, v, sc);
+    load_piece<U>(p, io, token(q), piece(q), threadIdx.x % kWarpSize, v, sc, scales);
   }
 };
 
@@ -255,7 +256,8 @@ __device__ __forceinline__ void scatter_units(const CommParams& p, const Dispatc
     const int t = u.token(q), pc = u.piece(q), k = q % K;
     const int row = row_of(t * K + k);
     if (write_map && pc == 0 && lane == 0) write_map_entry(p, io, t, k, row);
-    if (row >= 0) store_row_piece(p, io, pre, pre_sc, ns ? io.x_scale + static_cast<size_t>(t) * ns : nullptr, row, pc, lane);
+    if (row >= 0)
+      store_row_piece(p, io, pre, pre_sc, ns ? io.x_scale + static_cast<size_t>(t) * ns : nullptr, row, pc, lane, u.scales);
     if (qn < u.units) {
       take(pre, nxt);
       take(pre_sc, nxt_sc);
@@ -352,6 +354,84 @@ __device__ void local_dispatch_tiny(const CommParams& p, const DispatchIO& io, i
   if (warp == 0 && lead) cs.cnt[e] = __popc(peers);
   __syncthreads();
   local_counts_out(p, io, cs, true);
+}
+
+// The one-warp dispatch's bookkeeping on warps of its own (masked layout; session 16). Besides the
+// payload units, the grid takes n scale units (entry i: its token's scales into its row), ceil(E / 32)
+// count units (32 experts' counts each, from the match's groups through a warp-private array of 32
+// ints) and one map unit (the n recv_map entries and, with weights_at_dispatch, the weights), each on
+// a warp with no payload unit while they fit the grid, so that no warp's stores wait behind another
+// output's (the old order, A/B switch EPKIT_LOCAL_TINY_ROLES=0: the scales with piece 0, the map
+// before block 0's scatter, the counts after it across two block barriers).
+#ifndef EPKIT_LOCAL_TINY_ROLES
+#define EPKIT_LOCAL_TINY_ROLES 1
+#endif
+__device__ __forceinline__ void load_token_scales(const DispatchIO& io, int t, int ns, int lane, float (&sc)[kScaleRegs]) {
+#pragma unroll
+  for (int i = 0; i < kScaleRegs; ++i)
+    sc[i] = i * kWarpSize + lane < ns ? __ldg(io.x_scale + static_cast<size_t>(t) * ns + i * kWarpSize + lane) : 0.f;
+}
+template <int U>
+__device__ void local_dispatch_tiny_roles(const CommParams& p, const DispatchIO& io, int m, const PieceUnits<U>& pu) {
+  __shared__ int warp_cnt[kWarps][kWarpSize];
+  const int E = p.num_experts, K = p.topk, n = m * K, ns = p.num_scales, cap = p.capacity;
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  PieceUnits<U> u = pu;
+  u.scales = false;
+  const int nscale = ns > 0 ? n : 0, ncount = (E + kWarpSize - 1) / kWarpSize;
+  const int total = u.units + nscale + ncount + 1;  // payload, scale, count units, the map unit
+  if (u.gw >= total) return;  // warp-uniform; block 0's warp 0 (gw 0) always has a unit
+  const int e = lane < n ? read_expert(p, io.topk_idx, io.idx_type, lane, kPhaseDispatchSend, lane / K, 0,
+                                       blockIdx.x == 0 && warp == 0)
+                         : -1;
+  int4 pre[U] = {};
+  float pre_sc[kScaleRegs] = {};
+  if (u.gw < u.units) u.load(p, io, u.gw, pre, pre_sc);
+  // A warp whose first unit is a scale unit loads those scales with the indices.
+  const bool scale_first = u.gw >= u.units && u.gw < u.units + nscale;
+  if (scale_first) load_token_scales(io, (u.gw - u.units) / K, ns, lane, pre_sc);
+  const unsigned peers = __match_any_sync(0xffffffffu, e);
+  const unsigned below = peers & ((1u << lane) - 1u);
+  const int rk = __popc(below);
+  const bool lead = e >= 0 && below == 0;  // the first entry of its expert
+  EPKIT_STAGE(p, kStTopkLoaded);
+  const int row = e >= 0 && rk < cap ? e * cap + rk : -1;
+  EPKIT_STAGE(p, kStHistogramDone);
+  scatter_units<U>(p, io, u, pre, pre_sc, [&](int i) { return __shfl_sync(0xffffffffu, row, i); });
+  // This warp's units after the payload ones: gw, gw + gstride, ... from the first that is >= units.
+  int q = u.gw;
+  if (q < u.units) q += (u.units - q + u.gstride - 1) / u.gstride * u.gstride;
+  for (; q < total; q += u.gstride) {  // q is warp-uniform
+    const int r = q - u.units;
+    if (r < nscale) {  // entry r's scales
+      if (!(scale_first && q == u.gw)) load_token_scales(io, r / K, ns, lane, pre_sc);
+      const int dst = __shfl_sync(0xffffffffu, row, r);
+      if (dst >= 0) {
+        float* ds = io.expert_x_scale + static_cast<size_t>(dst) * ns;
+        const float* src = io.x_scale + static_cast<size_t>(r / K) * ns;
+#pragma unroll
+        for (int i = 0; i < kScaleRegs; ++i)
+          if (i * kWarpSize + lane < ns) ds[i * kWarpSize + lane] = pre_sc[i];
+        for (int x = kScaleRegs * kWarpSize + lane; x < ns; x += kWarpSize) ds[x] = __ldg(src + x);
+      }
+    } else if (r < nscale + ncount) {  // experts 32 c .. 32 c + 31
+      const int c = r - nscale;
+      int* cnt = warp_cnt[warp];
+      cnt[lane] = 0;
+      __syncwarp();
+      if (lead && e / kWarpSize == c) cnt[e % kWarpSize] = __popc(peers);
+      __syncwarp();
+      const int x = c * kWarpSize + lane, v = cnt[lane];
+      if (x < E) {
+        io.expert_num_tokens[x] = min(v, cap);
+        if (v > cap) record_error(p, kErrCapacity, kPhaseDispatchRecv, kWaitNone, -1, x, -1, v, cap, 0);
+      }
+      __syncwarp();  // before a next count unit of this warp clears the array
+    } else {  // the map
+      if (lane < n) write_map_entry(p, io, lane / K, lane % K, row);  // lane i: entry i
+      EPKIT_STAGE(p, kStOffsetsDone);
+    }
+  }
 }
 
 // Rank of entry i (expert e >= 0; i and e warp-uniform) among the entries j < i of expert e, counted
@@ -503,7 +583,10 @@ __device__ void local_dispatch_small(const CommParams& p, const DispatchIO& io, 
   const PieceUnits<U> pu(p, m);  // fused; the split half's units (t, slice) take the same warps
   if constexpr (!kRankOnly) {
     const LocalSmallPath path = fused ? local_small_path(n, pu.units, pu.gstride) : LocalSmallPath::kRank;
-    if (path == LocalSmallPath::kTiny) return local_dispatch_tiny<U>(p, io, smem, m, pu);
+    if (path == LocalSmallPath::kTiny) {
+      if (EPKIT_LOCAL_TINY_ROLES && !p.packed) return local_dispatch_tiny_roles<U>(p, io, m, pu);
+      return local_dispatch_tiny<U>(p, io, smem, m, pu);
+    }
     if (path == LocalSmallPath::kScan) return local_dispatch_scan<U>(p, io, smem, m, pu);
   }
   const int units = fused ? pu.units : m * nsd;
@@ -841,7 +924,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int m = local_send_start(p, io);
     const PieceUnits<U> pu(p, m);
     if constexpr (kPath == LocalSmallPath::kTiny) {
-      local_dispatch_tiny<U>(p, io, smem, m, pu);
+      if (EPKIT_LOCAL_TINY_ROLES && !p.packed)
+        local_dispatch_tiny_roles<U>(p, io, m, pu);
+      else
+        local_dispatch_tiny<U>(p, io, smem, m, pu);
     } else {
       local_dispatch_scan<U>(p, io, smem, m, pu);
     }
