@@ -34,9 +34,6 @@
 #include "kernels/device_common.cuh"
 #include "kernels/launch.hpp"
 #include "kernels/vec8.cuh"
-#if defined(EPKIT_AB_CARVE) && EPKIT_AB_CARVE == 1
-#include "host/local_shape.hpp"
-#endif
 
 namespace epkit::kernels {
 
@@ -1087,31 +1084,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   EPKIT_STAGE(p, kStTokensSummed);
 }
 
-// A/B builds only (EPKIT_AB_CARVE, session 16): 1, the combine asks for the dispatch's dynamic shared
-// memory (unused), so that both run in the same L1 / shared-memory carveout; 2, every local kernel
-// prefers the largest shared-memory carveout (the grouped GEMMs' configuration).
-#ifndef EPKIT_AB_CARVE
-#define EPKIT_AB_CARVE 0
-#endif
-template <typename... Params, typename... Args>
-cudaError_t local_launch(void (*kernel)(Params...), const LaunchShape& shape, cudaStream_t stream, Args&&... args) {
-#if EPKIT_AB_CARVE == 2
-  const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                             cudaSharedmemCarveoutMaxShared);
-  if (e != cudaSuccess) return e;
-#endif
-  return launch_after_previous(kernel, shape, stream, std::forward<Args>(args)...);
-}
-// The combine's shape: with EPKIT_AB_CARVE == 1, the dispatch's shared memory.
-inline LaunchShape combine_shape(const CommParams& p, LaunchShape sh) {
-#if EPKIT_AB_CARVE == 1
-  sh.smem_bytes = host::local_dispatch_smem_bytes(p.num_experts, p.topk, p.max_tokens);
-#else
-  (void)p;
-#endif
-  return sh;
-}
-
 template <typename Tin, typename Tout>
 cudaError_t launch_local_typed(const CommParams& p, const CombineIO& io, bool s, bool r, const LaunchShape& sh,
                                cudaStream_t st) {
@@ -1120,13 +1092,13 @@ cudaError_t launch_local_typed(const CommParams& p, const CombineIO& io, bool s,
   if constexpr (sizeof(Tin) == 2) {
     if (s && r && io.m.dev_m == nullptr) {
       const int chunks = local_fused_combine_chunks(io.m.host_m, p.hidden, sh.blocks * kWarps, EPKIT_LOCAL_WAVE2);
-      if (chunks == 1) return local_launch(local_combine_wave_kernel<Tin, Tout, 1>, combine_shape(p, sh), st, p, io);
-      if (chunks == 2) return local_launch(local_combine_wave_kernel<Tin, Tout, 2>, combine_shape(p, sh), st, p, io);
+      if (chunks == 1) return launch_after_previous(local_combine_wave_kernel<Tin, Tout, 1>, sh, st, p, io);
+      if (chunks == 2) return launch_after_previous(local_combine_wave_kernel<Tin, Tout, 2>, sh, st, p, io);
     }
   }
 #endif
   auto kernel = local_large(p) ? local_combine_kernel<Tin, Tout, true> : local_combine_kernel<Tin, Tout, false>;
-  return local_launch(kernel, combine_shape(p, sh), st, p, io, s, r);
+  return launch_after_previous(kernel, sh, st, p, io, s, r);
 }
 
 template <typename Tout>
@@ -1161,14 +1133,14 @@ cudaError_t launch_local_dispatch(const CommParams& p, const DispatchIO& io, boo
                                            : pick(local_dispatch_path_kernel<kL, LP::kTiny>,
                                                   local_dispatch_path_kernel<kL, LP::kScan>,
                                                   local_dispatch_path_kernel<kL, LP::kRank>);
-      return local_launch(kernel, shape, stream, p, io);
+      return launch_after_previous(kernel, shape, stream, p, io);
     }
   }
 #endif
   auto kernel = local_large(p)                                    ? local_dispatch_kernel<true, kLocalLargePieceChunks>
                 : p.local_piece_chunks == kLocalSmallPieceChunks ? local_dispatch_kernel<false, kLocalSmallPieceChunks>
                                                             : local_dispatch_kernel<false, kLocalLargePieceChunks>;
-  return local_launch(kernel, shape, stream, p, io, do_send, do_recv);
+  return launch_after_previous(kernel, shape, stream, p, io, do_send, do_recv);
 }
 
 cudaError_t launch_local_combine(const CommParams& p, const CombineIO& io, DType in, DType out, bool do_send,
