@@ -218,6 +218,10 @@ AllToAll::AllToAll(const Communicator& comm, const AllToAllConfig& cfg_in) : imp
   p.msg_bytes = static_cast<int>(msg.bytes);
   p.header_bytes = static_cast<int>(msg.header_bytes);
   p.payload_bytes = static_cast<int>(msg.payload_bytes);
+  p.topk_mul = kernels::small_div_mul(p.topk);
+  for (int u : {kernels::kLocalSmallPieceChunks, kernels::kLocalLargePieceChunks, kernels::kLocalWidePieceChunks})
+    p.piece_mul[kernels::piece_mul_index(u)] = kernels::small_div_mul(kernels::local_pieces_per_row(p.payload_bytes, u));
+  for (int c = 1; c <= 2; ++c) p.wave_units_mul[c - 1] = kernels::small_div_mul(kernels::local_combine_units(p.hidden, c));
   p.payload_offset = static_cast<int>(msg.payload_offset);
   p.out_row_bytes = static_cast<int>(cfg.hidden * dtype_size(cfg.combine_out_dtype));
   p.dispatch_slices = static_cast<int>(msg.slices);

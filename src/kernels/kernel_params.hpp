@@ -116,6 +116,11 @@ struct CommParams {
                          // or dispatch_send's totals for dispatch_recv
   int all_p2p;           // 1: every rank's base is P2P-mapped (no put-with-signal anywhere)
   uint32_t rank_div;     // expert_rank_div(L): e / L as one multiply (expert_rank)
+  // World size 1 (local.cu): small_div_mul of the divisors of its unit arithmetic, so that a unit's
+  // token, piece and k (and the one-wave combine's token) take a multiply each instead of a division.
+  uint64_t topk_mul;          // K
+  uint64_t piece_mul[3];      // local_pieces_per_row(payload_bytes, U) for U = 1, 4, 8 (piece_mul_index)
+  uint64_t wave_units_mul[2]; // local_combine_units(hidden, c) for c = 1, 2
 };
 
 // The rank holding expert e, e / L, without a division (a runtime division is ~20 instructions,
@@ -127,6 +132,16 @@ constexpr uint32_t expert_rank_div(int L) { return static_cast<uint32_t>(((1u <<
 constexpr int expert_rank(int e, uint32_t div) {
   return static_cast<int>((static_cast<uint64_t>(static_cast<uint32_t>(e) << 8) * div) >> 32);
 }
+
+// n / L without a division, for 1 <= L and n * L <= 2^32: (n * ceil(2^32 / L)) >> 32. With
+// ceil(2^32 / L) = (2^32 + r) / L, 0 <= r < L, the product over 2^32 is n / L + n * r / (L * 2^32), and
+// n * r < 2^32 keeps the excess below 1 / L, where n / L's fraction is at most (L - 1) / L: the floor
+// is exact (CPU-tested). A runtime 32-bit division is ~20 instructions with a reciprocal in its chain.
+constexpr uint64_t small_div_mul(int L) { return ((uint64_t{1} << 32) + static_cast<uint64_t>(L) - 1) / static_cast<uint64_t>(L); }
+constexpr int small_div(int n, uint64_t mul) {
+  return static_cast<int>((static_cast<uint64_t>(static_cast<uint32_t>(n)) * mul) >> 32);
+}
+constexpr int piece_mul_index(int piece_chunks) { return piece_chunks == 1 ? 0 : piece_chunks == 4 ? 1 : 2; }
 
 // Index dtype codes for topk_idx.
 enum IndexType : int32_t { kIdxInt32 = 0, kIdxInt64 = 1, kIdxUInt32 = 2 };

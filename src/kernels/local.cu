@@ -56,6 +56,12 @@ constexpr int kRowBatch = 8;      // small combine: expert rows whose loads a wa
 // Two rows of four pieces measured faster at 4096 tokens than eight rows of one piece (V3 combine
 // 143.5 -> 141.0 us: each row's 2 KB read in one go) and than four rows (180 us).
 constexpr int kLargeRowBatch = 2;
+// A/B builds only (session 16): the W = 1 kernels' data loads (the dispatch's pieces, the combine's
+// expert rows) through L2 only (ld.global.cg) instead of the read-only path (ld.global.nc).
+#ifndef EPKIT_AB_LDCG
+#define EPKIT_AB_LDCG 0
+#endif
+constexpr bool kLoadCg = EPKIT_AB_LDCG != 0;
 // Small objects, fused: one scatter unit is a piece of U 16-byte chunks per lane (512 B or 2 KB per
 // warp). host::local_shapes picks the smaller when all of a call's units fit in one wave of the grid
 // (decode: more warps and SMs share a token's K rows), else the larger (fewer, longer units:
@@ -183,7 +189,7 @@ __device__ __forceinline__ void load_piece(const CommParams& p, const DispatchIO
 #pragma unroll
   for (int q = 0; q < U; ++q) {
     const int c = (pc * U + q) * kWarpSize + lane;
-    v[q] = c < chunks ? __ldg(src + c) : int4{};
+    v[q] = c < chunks ? (kLoadCg ? __ldcg(src + c) : __ldg(src + c)) : int4{};
   }
 #pragma unroll
   for (int i = 0; i < kScaleRegs; ++i)
@@ -222,15 +228,23 @@ __device__ __forceinline__ void write_map_entry(const CommParams& p, const Dispa
 template <int U>
 struct PieceUnits {
   int K, npc, units, gw, gstride;
+  uint64_t kmul, nmul;  // small_div_mul of K and npc (CommParams)
   bool scales = true;  // false: the pieces carry no scales (the one-warp dispatch's scale units store them)
   __device__ PieceUnits(const CommParams& p, int m)
       : K(p.topk),
         npc(local_pieces_per_row(p.payload_bytes, U)),
         units(m * npc * K),
         gw(static_cast<int>(threadIdx.x / kWarpSize * gridDim.x + blockIdx.x)),
-        gstride(static_cast<int>(gridDim.x) * kWarps) {}
-  __device__ int token(int q) const { return q / K / npc; }
-  __device__ int piece(int q) const { return q / K % npc; }
+        gstride(static_cast<int>(gridDim.x) * kWarps),
+        kmul(p.topk_mul),
+        nmul(p.piece_mul[piece_mul_index(U)]) {}
+  // q < 2^20 (m < kLocalLargeTokens, npc <= 64, K <= 32): within small_div's range.
+  __device__ int entry_k(int q) const { return q - small_div(q, kmul) * K; }
+  __device__ int token(int q) const { return small_div(small_div(q, kmul), nmul); }
+  __device__ int piece(int q) const {
+    const int a = small_div(q, kmul);
+    return a - small_div(a, nmul) * npc;
+  }
   __device__ void load(const CommParams& p, const DispatchIO& io, int q, int4 (&v)[U], float (&sc)[kScaleRegs]) const {
     load_piece<U>(p, io, token(q), piece(q), threadIdx.x % kWarpSize, v, sc, scales);
   }
@@ -250,7 +264,7 @@ __device__ __forceinline__ void scatter_units(const CommParams& p, const Dispatc
     float nxt_sc[kScaleRegs];
     const int qn = q + u.gstride;
     if (qn < u.units) u.load(p, io, qn, nxt, nxt_sc);
-    const int t = u.token(q), pc = u.piece(q), k = q % K;
+    const int t = u.token(q), pc = u.piece(q), k = u.entry_k(q);
     const int row = row_of(t * K + k);
     if (write_map && pc == 0 && lane == 0) write_map_entry(p, io, t, k, row);
     if (row >= 0)
@@ -378,15 +392,19 @@ __device__ void local_dispatch_tiny_roles(const CommParams& p, const DispatchIO&
   const int nscale = ns > 0 ? n : 0, ncount = (E + kWarpSize - 1) / kWarpSize;
   const int total = u.units + nscale + ncount + 1;  // payload, scale, count units, the map unit
   if (u.gw >= total) return;  // warp-uniform; block 0's warp 0 (gw 0) always has a unit
-  const int e = lane < n ? read_expert(p, io.topk_idx, io.idx_type, lane, kPhaseDispatchSend, lane / K, 0,
+  const int lt = small_div(lane, u.kmul), lk = lane - lt * K;  // lane i holds entry i = (lt, lk)
+  const int e = lane < n ? read_expert(p, io.topk_idx, io.idx_type, lane, kPhaseDispatchSend, lt, 0,
                                        blockIdx.x == 0 && warp == 0)
                          : -1;
   int4 pre[U] = {};
   float pre_sc[kScaleRegs] = {};
   if (u.gw < u.units) u.load(p, io, u.gw, pre, pre_sc);
-  // A warp whose first unit is a scale unit loads those scales with the indices.
+  // A warp whose first unit is a scale unit loads those scales with the indices, the map unit's
+  // lanes their weights (weights_at_dispatch).
   const bool scale_first = u.gw >= u.units && u.gw < u.units + nscale;
-  if (scale_first) load_token_scales(io, (u.gw - u.units) / K, ns, lane, pre_sc);
+  if (scale_first) load_token_scales(io, small_div(u.gw - u.units, u.kmul), ns, lane, pre_sc);
+  const bool map_warp = u.gw == total - 1;
+  const float wt = map_warp && p.weights_at_dispatch && lane < n ? __ldg(io.topk_weights + lane) : 0.f;
   const unsigned peers = __match_any_sync(0xffffffffu, e);
   const unsigned below = peers & ((1u << lane) - 1u);
   const int rk = __popc(below);
@@ -397,15 +415,16 @@ __device__ void local_dispatch_tiny_roles(const CommParams& p, const DispatchIO&
   scatter_units<U>(p, io, u, pre, pre_sc, [&](int i) { return __shfl_sync(0xffffffffu, row, i); });
   // This warp's units after the payload ones: gw, gw + gstride, ... from the first that is >= units.
   int q = u.gw;
-  if (q < u.units) q += (u.units - q + u.gstride - 1) / u.gstride * u.gstride;
+  while (q < u.units) q += u.gstride;
   for (; q < total; q += u.gstride) {  // q is warp-uniform
     const int r = q - u.units;
     if (r < nscale) {  // entry r's scales
-      if (!(scale_first && q == u.gw)) load_token_scales(io, r / K, ns, lane, pre_sc);
+      const int rt = small_div(r, u.kmul);
+      if (!(scale_first && q == u.gw)) load_token_scales(io, rt, ns, lane, pre_sc);
       const int dst = __shfl_sync(0xffffffffu, row, r);
       if (dst >= 0) {
         float* ds = io.expert_x_scale + static_cast<size_t>(dst) * ns;
-        const float* src = io.x_scale + static_cast<size_t>(r / K) * ns;
+        const float* src = io.x_scale + static_cast<size_t>(rt) * ns;
 #pragma unroll
         for (int i = 0; i < kScaleRegs; ++i)
           if (i * kWarpSize + lane < ns) ds[i * kWarpSize + lane] = pre_sc[i];
@@ -424,8 +443,15 @@ __device__ void local_dispatch_tiny_roles(const CommParams& p, const DispatchIO&
         if (v > cap) record_error(p, kErrCapacity, kPhaseDispatchRecv, kWaitNone, -1, x, -1, v, cap, 0);
       }
       __syncwarp();  // before a next count unit of this warp clears the array
-    } else {  // the map
-      if (lane < n) write_map_entry(p, io, lane / K, lane % K, row);  // lane i: entry i
+    } else {  // the map: lane i, entry i
+      if (lane < n) {
+        int32_t* map = p.recv_map + static_cast<size_t>(lt) * (K + 1);
+        map[1 + lk] = row;
+        if (lk == 0) map[0] = lt;
+        if (p.weights_at_dispatch)
+          sym_at<uint64_t>(p, p.off_weights_recv)[lane] =
+              __float_as_uint(map_warp && q == u.gw ? wt : __ldg(io.topk_weights + lane));
+      }
       EPKIT_STAGE(p, kStOffsetsDone);
     }
   }
@@ -958,7 +984,10 @@ __device__ __forceinline__ void sum_rows(const Tin* y, int H, int K, int row, fl
       have[j] = kb + j < K && rj >= 0;
 #pragma unroll
       for (int qq = 0; qq < kN; ++qq)
-        if (have[j] && c[qq] < chunks) r[j][qq].load(y + static_cast<size_t>(rj) * H + static_cast<size_t>(c[qq]) * 8);
+        if (have[j] && c[qq] < chunks) {
+          const Tin* src = y + static_cast<size_t>(rj) * H + static_cast<size_t>(c[qq]) * 8;
+          if constexpr (kLoadCg) r[j][qq].load_cg(src); else r[j][qq].load(src);
+        }
     }
 #pragma unroll
     for (int j = 0; j < kB; ++j)
@@ -996,7 +1025,14 @@ __device__ void local_combine_sum(const CommParams& p, const CombineIO& io, int 
   const int g = !kOneWave && kChunks == 1 && m * units > nwarps ? min(units, (m * units + nwarps - 1) / nwarps) : 1;
   const int groups = (units + g - 1) / g;
   for (int q = q0; q < m * groups; q += nwarps) {
-    const int t = q / groups, cu0 = q % groups * g;
+    // One wave: g = 1, groups = units = local_combine_units(H, kChunks), whose multiplier the host set.
+    int t;
+    if constexpr (kOneWave && kChunks <= 2) {
+      t = small_div(q, p.wave_units_mul[kChunks - 1]);
+    } else {
+      t = q / groups;
+    }
+    const int cu0 = (q - t * groups) * g;
     int row = -1;
     float wk = 0.f;
     if (lane < K) {  // the map and the weight load together

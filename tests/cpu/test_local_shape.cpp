@@ -4,6 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <climits>
+#include <cstdint>
+#include <random>
 #include <string>
 
 #include "epkit/error.hpp"
@@ -305,6 +308,28 @@ TEST(LocalShape, ZeroBlocksIsAnError) {
     FAIL() << "max_blocks = 0 accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("max_blocks = 0"), std::string::npos) << e.what();
+  }
+}
+
+// World size 1: a unit's token, piece and k (and the one-wave combine's token) are n / L by one
+// multiply (kernels::small_div): exact for every divisor up to 4096 over the numerators the local
+// kernels use (q < 2^20), checked at every multiple of L and its neighbours (where a wrong floor
+// would first show) and at random numerators; and at the range's edge, n * L = 2^32.
+TEST(LocalShape, SmallDivIsTheExactQuotient) {
+  std::mt19937 rng(std::random_device{}());
+  for (int L = 1; L <= 4096; ++L) {
+    const uint64_t mul = kernels::small_div_mul(L);
+    auto check = [&](int n) {
+      if (n < 0 || static_cast<uint64_t>(n) * static_cast<uint64_t>(L) > (uint64_t{1} << 32)) return;
+      if (kernels::small_div(n, mul) != n / L) FAIL() << "n = " << n << ", L = " << L << ": " << kernels::small_div(n, mul);
+    };
+    for (int n = 0; n < (1 << 20); n += L) {
+      check(n - 1), check(n), check(n + 1), check(n + L - 1);
+      if (::testing::Test::HasFatalFailure()) return;
+    }
+    for (int i = 0; i < 256; ++i) check(static_cast<int>(rng() % (1u << 20)));
+    const int edge = static_cast<int>(std::min<uint64_t>((uint64_t{1} << 32) / static_cast<uint64_t>(L), INT32_MAX));
+    check(edge), check(edge - 1);
   }
 }
 
