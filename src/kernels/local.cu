@@ -56,12 +56,6 @@ constexpr int kRowBatch = 8;      // small combine: expert rows whose loads a wa
 // Two rows of four pieces measured faster at 4096 tokens than eight rows of one piece (V3 combine
 // 143.5 -> 141.0 us: each row's 2 KB read in one go) and than four rows (180 us).
 constexpr int kLargeRowBatch = 2;
-// A/B builds only (session 16): the W = 1 kernels' data loads (the dispatch's pieces, the combine's
-// expert rows) through L2 only (ld.global.cg) instead of the read-only path (ld.global.nc).
-#ifndef EPKIT_AB_LDCG
-#define EPKIT_AB_LDCG 0
-#endif
-constexpr bool kLoadCg = EPKIT_AB_LDCG != 0;
 // Small objects, fused: one scatter unit is a piece of U 16-byte chunks per lane (512 B or 2 KB per
 // warp). host::local_shapes picks the smaller when all of a call's units fit in one wave of the grid
 // (decode: more warps and SMs share a token's K rows), else the larger (fewer, longer units:
@@ -189,7 +183,7 @@ __device__ __forceinline__ void load_piece(const CommParams& p, const DispatchIO
 #pragma unroll
   for (int q = 0; q < U; ++q) {
     const int c = (pc * U + q) * kWarpSize + lane;
-    v[q] = c < chunks ? (kLoadCg ? __ldcg(src + c) : __ldg(src + c)) : int4{};
+    v[q] = c < chunks ? __ldg(src + c) : int4{};
   }
 #pragma unroll
   for (int i = 0; i < kScaleRegs; ++i)
@@ -984,10 +978,7 @@ __device__ __forceinline__ void sum_rows(const Tin* y, int H, int K, int row, fl
       have[j] = kb + j < K && rj >= 0;
 #pragma unroll
       for (int qq = 0; qq < kN; ++qq)
-        if (have[j] && c[qq] < chunks) {
-          const Tin* src = y + static_cast<size_t>(rj) * H + static_cast<size_t>(c[qq]) * 8;
-          if constexpr (kLoadCg) r[j][qq].load_cg(src); else r[j][qq].load(src);
-        }
+        if (have[j] && c[qq] < chunks) r[j][qq].load(y + static_cast<size_t>(rj) * H + static_cast<size_t>(c[qq]) * 8);
     }
 #pragma unroll
     for (int j = 0; j < kB; ++j)

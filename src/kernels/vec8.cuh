@@ -51,7 +51,6 @@ template <typename T>
 struct RawRow {
   int4 v;
   __device__ void load(const T* p) { v = __ldg(reinterpret_cast<const int4*>(p)); }
-  __device__ void load_cg(const T* p) { v = __ldcg(reinterpret_cast<const int4*>(p)); }  // L2 only
   __device__ void zero() { v = int4{0, 0, 0, 0}; }
   __device__ void unpack(float* f) const { Vec8<T>::unpack(v, f); }
 };
@@ -61,10 +60,6 @@ struct RawRow<float> {
   __device__ void load(const float* p) {
     a = __ldg(reinterpret_cast<const float4*>(p));
     b = __ldg(reinterpret_cast<const float4*>(p) + 1);
-  }
-  __device__ void load_cg(const float* p) {
-    a = __ldcg(reinterpret_cast<const float4*>(p));
-    b = __ldcg(reinterpret_cast<const float4*>(p) + 1);
   }
   __device__ void zero() { a = b = float4{0.f, 0.f, 0.f, 0.f}; }
   __device__ void unpack(float* f) const {
