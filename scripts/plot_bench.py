@@ -26,6 +26,8 @@ def series(rows, metric):
         name = r["system"]
         if name == "epkit" and r.get("path", "auto") != "auto":
             name = f"epkit ({r['path']})"
+        if r["system"] == "epkit" and r.get("layout") == "packed":  # its own line, not a zig-zag with masked
+            name += " packed"
         if finite(med):
             out[key][name].append((r["tokens"], med, p99 if finite(p99) else med))
         if r["system"] == "epkit" and metric == "total" and finite(r.get("graph_total_us_median")):
@@ -58,6 +60,7 @@ def main(argv):
     panels = sorted(data)
     fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.2), squeeze=False)
     styles = {"epkit": ("C0", "-o"), "epkit graph": ("C0", "--s"), "nccl": ("C1", "-^"), "nvshmem": ("C2", "-v"),
+              "epkit packed": ("C4", "-o"), "epkit packed graph": ("C4", "--s"),
               "epkit (auto+weights-at-dispatch)": ("C3", "-o"), "epkit (auto+weights-at-dispatch) graph": ("C3", "--s")}
     for ax, key in zip(axes[0], panels):
         for label, pts in sorted(data[key].items()):
