@@ -121,6 +121,13 @@ __device__ __forceinline__ int local_rows(const CommParams& p) {
   return p.packed ? p.packed_rows : p.num_local_experts * p.capacity;
 }
 
+// Masked layout: expert e's count c as expert_num_tokens holds it (at most the capacity) and, past
+// the capacity, the overflow record.
+__device__ __forceinline__ void write_masked_count(const CommParams& p, const DispatchIO& io, int e, int c, int cap) {
+  io.expert_num_tokens[e] = min(c, cap);
+  if (c > cap) record_error(p, kErrCapacity, kPhaseDispatchRecv, kWaitNone, -1, e, -1, c, cap, 0);
+}
+
 // The counts (and packed offsets) from the per-expert totals in sm.cnt, and the overflow record.
 // packed: every block (they all need the first rows); the writer block writes the outputs. masked:
 // only the writer block calls it.
@@ -131,11 +138,18 @@ __device__ void local_counts_out(const CommParams& p, const DispatchIO& io, cons
     if (writer) write_packed_counts(p, io, sm.cnt, sm.first, kPhaseDispatchRecv, 0);
     return;
   }
-  for (int e = threadIdx.x; e < E; e += blockDim.x) {
-    const int c = sm.cnt[e];
-    io.expert_num_tokens[e] = min(c, cap);
-    if (c > cap) record_error(p, kErrCapacity, kPhaseDispatchRecv, kWaitNone, -1, e, -1, c, cap, 0);
-  }
+  for (int e = threadIdx.x; e < E; e += blockDim.x) write_masked_count(p, io, e, sm.cnt[e], cap);
+}
+
+// The warp stores a token's ns scales into row r of expert_x_scale: the first 128 held in sc, any
+// further ones (hidden > 16384) read from src_sc.
+__device__ __forceinline__ void store_row_scales(const DispatchIO& io, int ns, const float (&sc)[kScaleRegs],
+                                                 const float* src_sc, int r, int lane) {
+  float* ds = io.expert_x_scale + static_cast<size_t>(r) * ns;
+#pragma unroll
+  for (int i = 0; i < kScaleRegs; ++i)
+    if (i * kWarpSize + lane < ns) ds[i * kWarpSize + lane] = sc[i];
+  for (int x = kScaleRegs * kWarpSize + lane; x < ns; x += kWarpSize) ds[x] = __ldcg(src_sc + x);
 }
 
 // The warp stores piece pc of a row (U 16-byte chunks per lane: 512 * U bytes) into row r of
@@ -152,13 +166,7 @@ __device__ __forceinline__ void store_row_piece(const CommParams& p, const Dispa
     const int c = (pc * U + q) * kWarpSize + lane;
     if (c < chunks) dst[c] = v[q];
   }
-  if (pc == 0 && ns > 0) {
-    float* ds = io.expert_x_scale + static_cast<size_t>(r) * ns;
-#pragma unroll
-    for (int i = 0; i < kScaleRegs; ++i)
-      if (i * kWarpSize + lane < ns) ds[i * kWarpSize + lane] = sc[i];
-    for (int x = kScaleRegs * kWarpSize + lane; x < ns; x += kWarpSize) ds[x] = __ldcg(src_sc + x);
-  }
+  if (pc == 0 && ns > 0) store_row_scales(io, ns, sc, src_sc, r, lane);
 }
 
 // Lane k holds `row` for entry k (-1: none): the warp stores its slice into each of those rows.
@@ -174,6 +182,13 @@ __device__ __forceinline__ void store_to_rows(const CommParams& p, const Dispatc
   }
 }
 
+// Token t's first kScaleRegs * 32 of its ns scales, lane l holding l, l + 32, ... (0 past ns).
+__device__ __forceinline__ void load_token_scales(const DispatchIO& io, int t, int ns, int lane, float (&sc)[kScaleRegs]) {
+#pragma unroll
+  for (int i = 0; i < kScaleRegs; ++i)
+    sc[i] = i * kWarpSize + lane < ns ? __ldg(io.x_scale + static_cast<size_t>(t) * ns + i * kWarpSize + lane) : 0.f;
+}
+
 // Piece pc of token t (U 16-byte chunks per lane) and, with pc == 0, its first scales.
 template <int U>
 __device__ __forceinline__ void load_piece(const CommParams& p, const DispatchIO& io, int t, int pc, int lane,
@@ -185,10 +200,7 @@ __device__ __forceinline__ void load_piece(const CommParams& p, const DispatchIO
     const int c = (pc * U + q) * kWarpSize + lane;
     v[q] = c < chunks ? __ldg(src + c) : int4{};
   }
-#pragma unroll
-  for (int i = 0; i < kScaleRegs; ++i)
-    sc[i] = pc == 0 && i * kWarpSize + lane < ns ? __ldg(io.x_scale + static_cast<size_t>(t) * ns + i * kWarpSize + lane)
-                                                 : 0.f;
+  load_token_scales(io, t, pc == 0 ? ns : 0, lane, sc);
 }
 __device__ __forceinline__ void load_slice(const CommParams& p, const DispatchIO& io, int t, int sl, int lane,
                                            int4 (&v)[kUnroll], float (&sc)[kScaleRegs]) {
@@ -203,16 +215,16 @@ __device__ __forceinline__ void take(T (&dst)[N], const T (&src)[N]) {
 }
 
 // recv_map[t][1 + k] = row of entry (t, k) (and map[t][0] = t), and with weights_at_dispatch the
-// entry's weight where combine reads it.
-__device__ __forceinline__ void write_map_entry(const CommParams& p, const DispatchIO& io, int t, int k, int row) {
+// entry's weight w (io.topk_weights[t * K + k], loaded by the caller) where combine reads it.
+__device__ __forceinline__ void write_map_entry(const CommParams& p, int t, int k, int row, float w) {
   const int K = p.topk;
   int32_t* map = p.recv_map + static_cast<size_t>(t) * (K + 1);
   map[1 + k] = row;
   if (k == 0) map[0] = t;
-  if (p.weights_at_dispatch) {
-    const size_t i = static_cast<size_t>(t) * K + k;
-    sym_at<uint64_t>(p, p.off_weights_recv)[i] = __float_as_uint(io.topk_weights[i]);
-  }
+  if (p.weights_at_dispatch) sym_at<uint64_t>(p, p.off_weights_recv)[static_cast<size_t>(t) * K + k] = __float_as_uint(w);
+}
+__device__ __forceinline__ void write_map_entry(const CommParams& p, const DispatchIO& io, int t, int k, int row) {
+  write_map_entry(p, t, k, row, p.weights_at_dispatch ? io.topk_weights[static_cast<size_t>(t) * p.topk + k] : 0.f);
 }
 
 // The fused small dispatch's units: unit q is piece q / K % npc (U 16-byte chunks per lane) of token
@@ -371,11 +383,6 @@ __device__ void local_dispatch_tiny(const CommParams& p, const DispatchIO& io, i
 #ifndef EPKIT_LOCAL_TINY_ROLES
 #define EPKIT_LOCAL_TINY_ROLES 1
 #endif
-__device__ __forceinline__ void load_token_scales(const DispatchIO& io, int t, int ns, int lane, float (&sc)[kScaleRegs]) {
-#pragma unroll
-  for (int i = 0; i < kScaleRegs; ++i)
-    sc[i] = i * kWarpSize + lane < ns ? __ldg(io.x_scale + static_cast<size_t>(t) * ns + i * kWarpSize + lane) : 0.f;
-}
 template <int U>
 __device__ void local_dispatch_tiny_roles(const CommParams& p, const DispatchIO& io, int m, const PieceUnits<U>& pu) {
   __shared__ int warp_cnt[kWarps][kWarpSize];
@@ -416,14 +423,7 @@ __device__ void local_dispatch_tiny_roles(const CommParams& p, const DispatchIO&
       const int rt = small_div(r, u.kmul);
       if (!(scale_first && q == u.gw)) load_token_scales(io, rt, ns, lane, pre_sc);
       const int dst = __shfl_sync(0xffffffffu, row, r);
-      if (dst >= 0) {
-        float* ds = io.expert_x_scale + static_cast<size_t>(dst) * ns;
-        const float* src = io.x_scale + static_cast<size_t>(rt) * ns;
-#pragma unroll
-        for (int i = 0; i < kScaleRegs; ++i)
-          if (i * kWarpSize + lane < ns) ds[i * kWarpSize + lane] = pre_sc[i];
-        for (int x = kScaleRegs * kWarpSize + lane; x < ns; x += kWarpSize) ds[x] = __ldg(src + x);
-      }
+      if (dst >= 0) store_row_scales(io, ns, pre_sc, io.x_scale + static_cast<size_t>(rt) * ns, dst, lane);
     } else if (r < nscale + ncount) {  // experts 32 c .. 32 c + 31
       const int c = r - nscale;
       int* cnt = warp_cnt[warp];
@@ -431,24 +431,25 @@ __device__ void local_dispatch_tiny_roles(const CommParams& p, const DispatchIO&
       __syncwarp();
       if (lead && e / kWarpSize == c) cnt[e % kWarpSize] = __popc(peers);
       __syncwarp();
-      const int x = c * kWarpSize + lane, v = cnt[lane];
-      if (x < E) {
-        io.expert_num_tokens[x] = min(v, cap);
-        if (v > cap) record_error(p, kErrCapacity, kPhaseDispatchRecv, kWaitNone, -1, x, -1, v, cap, 0);
-      }
+      const int x = c * kWarpSize + lane;
+      if (x < E) write_masked_count(p, io, x, cnt[lane], cap);
       __syncwarp();  // before a next count unit of this warp clears the array
     } else {  // the map: lane i, entry i
-      if (lane < n) {
-        int32_t* map = p.recv_map + static_cast<size_t>(lt) * (K + 1);
-        map[1 + lk] = row;
-        if (lk == 0) map[0] = lt;
-        if (p.weights_at_dispatch)
-          sym_at<uint64_t>(p, p.off_weights_recv)[lane] =
-              __float_as_uint(map_warp && q == u.gw ? wt : __ldg(io.topk_weights + lane));
-      }
+      // The map unit is the first unit of the warp whose gw is total - 1 (its weights loaded above).
+      if (lane < n)
+        write_map_entry(p, lt, lk, row, map_warp || !p.weights_at_dispatch ? wt : __ldg(io.topk_weights + lane));
       EPKIT_STAGE(p, kStOffsetsDone);
     }
   }
+}
+
+// The one-warp dispatch (m * K <= 32): the role units with the masked layout, block 0's count with
+// the packed one (its rows need every count first).
+template <int U>
+__device__ __forceinline__ void local_dispatch_one_warp(const CommParams& p, const DispatchIO& io, int* smem, int m,
+                                                        const PieceUnits<U>& pu) {
+  if (EPKIT_LOCAL_TINY_ROLES && !p.packed) return local_dispatch_tiny_roles<U>(p, io, m, pu);
+  local_dispatch_tiny<U>(p, io, smem, m, pu);
 }
 
 // Rank of entry i (expert e >= 0; i and e warp-uniform) among the entries j < i of expert e, counted
@@ -600,10 +601,7 @@ __device__ void local_dispatch_small(const CommParams& p, const DispatchIO& io, 
   const PieceUnits<U> pu(p, m);  // fused; the split half's units (t, slice) take the same warps
   if constexpr (!kRankOnly) {
     const LocalSmallPath path = fused ? local_small_path(n, pu.units, pu.gstride) : LocalSmallPath::kRank;
-    if (path == LocalSmallPath::kTiny) {
-      if (EPKIT_LOCAL_TINY_ROLES && !p.packed) return local_dispatch_tiny_roles<U>(p, io, m, pu);
-      return local_dispatch_tiny<U>(p, io, smem, m, pu);
-    }
+    if (path == LocalSmallPath::kTiny) return local_dispatch_one_warp<U>(p, io, smem, m, pu);
     if (path == LocalSmallPath::kScan) return local_dispatch_scan<U>(p, io, smem, m, pu);
   }
   const int units = fused ? pu.units : m * nsd;
@@ -941,10 +939,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int m = local_send_start(p, io);
     const PieceUnits<U> pu(p, m);
     if constexpr (kPath == LocalSmallPath::kTiny) {
-      if (EPKIT_LOCAL_TINY_ROLES && !p.packed)
-        local_dispatch_tiny_roles<U>(p, io, m, pu);
-      else
-        local_dispatch_tiny<U>(p, io, smem, m, pu);
+      local_dispatch_one_warp<U>(p, io, smem, m, pu);
     } else {
       local_dispatch_scan<U>(p, io, smem, m, pu);
     }
