@@ -231,19 +231,28 @@ __device__ __forceinline__ void write_map_entry(const CommParams& p, const Dispa
 // q / K / npc for entry k = q % K, m * npc * K of them. Unit q goes to warp q / gridDim.x of block
 // q % gridDim.x (this warp: gw, gw + gstride, ...), so that a decode call's few units land on as
 // many SMs as the grid has (one unit per block first), not on the first blocks' 16 warps each.
+//
+// Built in place from the kernel's parameters and passed by reference, never copied (the copy
+// constructor is deleted): nvcc 13.0 compiles a copy of such an object, in a kernel whose parameter
+// is __grid_constant__, into parameter-space loads at the object's own field offsets, i.e. reads of
+// unrelated CommParams fields (tools/nvcc-bugs/grid_constant_copy.cu; session 17 found it behind
+// the broken field order of session 16).
 template <int U>
 struct PieceUnits {
   int K, npc, units, gw, gstride;
   uint64_t kmul, nmul;  // small_div_mul of K and npc (CommParams)
-  bool scales = true;  // false: the pieces carry no scales (the one-warp dispatch's scale units store them)
-  __device__ PieceUnits(const CommParams& p, int m)
+  bool scales;  // false: the pieces carry no scales (the one-warp dispatch's scale units store them)
+  __device__ PieceUnits(const CommParams& p, int m, bool with_scales = true)
       : K(p.topk),
         npc(local_pieces_per_row(p.payload_bytes, U)),
         units(m * npc * K),
         gw(static_cast<int>(threadIdx.x / kWarpSize * gridDim.x + blockIdx.x)),
         gstride(static_cast<int>(gridDim.x) * kWarps),
         kmul(p.topk_mul),
-        nmul(p.piece_mul[piece_mul_index(U)]) {}
+        nmul(p.piece_mul[piece_mul_index(U)]),
+        scales(with_scales) {}
+  PieceUnits(const PieceUnits&) = delete;
+  PieceUnits& operator=(const PieceUnits&) = delete;
   // q < 2^20 (m < kLocalLargeTokens, npc <= 64, K <= 32): within small_div's range.
   __device__ int entry_k(int q) const { return q - small_div(q, kmul) * K; }
   __device__ int token(int q) const { return small_div(small_div(q, kmul), nmul); }
@@ -384,12 +393,11 @@ __device__ void local_dispatch_tiny(const CommParams& p, const DispatchIO& io, i
 #define EPKIT_LOCAL_TINY_ROLES 1
 #endif
 template <int U>
-__device__ void local_dispatch_tiny_roles(const CommParams& p, const DispatchIO& io, int m, const PieceUnits<U>& pu) {
+__device__ void local_dispatch_tiny_roles(const CommParams& p, const DispatchIO& io, int m) {
   __shared__ int warp_cnt[kWarps][kWarpSize];
   const int E = p.num_experts, K = p.topk, n = m * K, ns = p.num_scales, cap = p.capacity;
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
-  PieceUnits<U> u = pu;
-  u.scales = false;
+  const PieceUnits<U> u(p, m, false);  // the payload units, without scales
   const int nscale = ns > 0 ? n : 0, ncount = (E + kWarpSize - 1) / kWarpSize;
   const int total = u.units + nscale + ncount + 1;  // payload, scale, count units, the map unit
   if (u.gw >= total) return;  // warp-uniform; block 0's warp 0 (gw 0) always has a unit
@@ -448,7 +456,7 @@ __device__ void local_dispatch_tiny_roles(const CommParams& p, const DispatchIO&
 template <int U>
 __device__ __forceinline__ void local_dispatch_one_warp(const CommParams& p, const DispatchIO& io, int* smem, int m,
                                                         const PieceUnits<U>& pu) {
-  if (EPKIT_LOCAL_TINY_ROLES && !p.packed) return local_dispatch_tiny_roles<U>(p, io, m, pu);
+  if (EPKIT_LOCAL_TINY_ROLES && !p.packed) return local_dispatch_tiny_roles<U>(p, io, m);
   local_dispatch_tiny<U>(p, io, smem, m, pu);
 }
 
