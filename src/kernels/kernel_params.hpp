@@ -77,26 +77,42 @@ struct DeviceState {
 inline constexpr int kParamPeers = 8;
 
 struct CommParams {
-  int rank, world_size, dp_size;
-  int num_experts, num_local_experts, topk, hidden;
-  int max_tokens;        // M
-  int max_msgs_per_src;  // ceil(M / D)
+  // The fields the W = 1 decode kernels read, first: the parameter block sits in the constant bank
+  // from 0x210 and each kernel's first read of a 64-byte line there is a miss on every SM (the launch
+  // probe: 14 parameter words on 8 lines cost 0.15 us more than on one). These 48 bytes share the
+  // bank's line 0x200, the next 64 bytes fill line 0x240.
+  int topk, hidden, num_experts;
   int capacity;          // masked layout: slots per local expert
   int num_scales;        // fp32 scales per token (0 without fp8)
-  int msg_bytes, header_bytes, payload_bytes, payload_offset, out_row_bytes;
+  int payload_bytes;
+  int max_tokens;        // M
+  int weights_at_dispatch;  // 1: weights travel in the dispatch header, combine exchanges none
+  int packed;            // 1: packed layout (expert e's rows from an aligned offset), 0: masked
+  int packed_rows;       // packed: R
+  int num_local_experts;
+  int local_piece_chunks;   // W = 1, M < kLocalLargeTokens: 16-byte chunks per lane of one scatter unit (1 or 4)
+  int32_t* recv_map;    // [W][S][K + 1]
+  uint8_t* sym;                 // this rank's symmetric base (nvshmem addresses)
+  size_t off_weights_recv;
+  // World size 1 (local.cu): small_div_mul of the divisors of its unit arithmetic, so that a unit's
+  // token, piece and k (and the one-wave combine's token) take a multiply each instead of a division.
+  uint64_t topk_mul;          // K
+  uint64_t piece_mul[3];      // local_pieces_per_row(payload_bytes, U) for U = 1, 4, 8 (piece_mul_index)
+  uint64_t wave_units_mul[2]; // local_combine_units(hidden, c) for c = 1, 2
+
+  int rank, world_size, dp_size;
+  int max_msgs_per_src;  // ceil(M / D)
+  int msg_bytes, header_bytes, payload_offset, out_row_bytes;
   int dispatch_slices;  // slices per dispatch message (arrival counters count slices)
   int combine_slices;   // slices per combine output row (one flag each)
-  int weights_at_dispatch;  // 1: weights travel in the dispatch header, combine exchanges none
-  int local_piece_chunks;   // W = 1, M < kLocalLargeTokens: 16-byte chunks per lane of one scatter unit (1 or 4)
   uint64_t timeout_ns;
 
-  uint8_t* sym;                 // this rank's symmetric base (nvshmem addresses)
   uint8_t* const* peer_bases;   // [W] peer address of the symmetric base; null: use put-with-signal
   // The first kParamPeers entries of peer_bases, in the parameters themselves: a kernel reads them
   // from the constant bank instead of with a dependent global load before every peer store.
   uint8_t* peer_param[kParamPeers];
   size_t off_dispatch_recv, off_dispatch_stage, off_dispatch_counts, off_dispatch_count_stage;
-  size_t off_dispatch_count_flag, off_dispatch_recv_ctr, off_weights_recv, off_weights_stage, off_weights_recv_ctr;
+  size_t off_dispatch_count_flag, off_dispatch_recv_ctr, off_weights_stage, off_weights_recv_ctr;
   size_t off_combine_recv, off_combine_stage, off_combine_flag, off_barrier_flag;
 
   DeviceState* state;
@@ -104,24 +120,18 @@ struct CommParams {
   int32_t* num_msgs;    // [W]
   uint64_t* recv_base;     // [W] dispatch slices consumed per source, over all earlier calls
   uint64_t* weights_base;  // [W] weight rows consumed per source, over all earlier calls
-  int32_t* recv_map;    // [W][S][K + 1]
   int32_t* block_hist;  // [kMaxGridBlocks][hist_stride]: each dispatch block's (expert, destination) counts
   uint64_t* block_flag; // [kMaxGridBlocks]: seq of the call whose block_hist row is written
   int hist_stride;      // E + W rounded up to 4 (rows are read as int4)
   ErrorRecord* err;     // host-mapped
-  int packed;            // 1: packed layout (expert e's rows from an aligned offset), 0: masked
-  int packed_rows;       // packed: R
   int packed_row_align;  // packed: every offset is a multiple of this
   int32_t* local_counts; // [E], world size 1: large dispatch's per-expert counters (zeroed by combine),
                          // or dispatch_send's totals for dispatch_recv
   int all_p2p;           // 1: every rank's base is P2P-mapped (no put-with-signal anywhere)
   uint32_t rank_div;     // expert_rank_div(L): e / L as one multiply (expert_rank)
-  // World size 1 (local.cu): small_div_mul of the divisors of its unit arithmetic, so that a unit's
-  // token, piece and k (and the one-wave combine's token) take a multiply each instead of a division.
-  uint64_t topk_mul;          // K
-  uint64_t piece_mul[3];      // local_pieces_per_row(payload_bytes, U) for U = 1, 4, 8 (piece_mul_index)
-  uint64_t wave_units_mul[2]; // local_combine_units(hidden, c) for c = 1, 2
 };
+static_assert(offsetof(CommParams, recv_map) == 48 && offsetof(CommParams, wave_units_mul) == 104,
+              "the W = 1 decode fields fill the parameter block's first 112 bytes");
 
 // The rank holding expert e, e / L, without a division (a runtime division is ~20 instructions,
 // and the general kernels had eleven inlined copies): (e * 2^8 * d) >> 32 with d = ceil(2^24 / L).
