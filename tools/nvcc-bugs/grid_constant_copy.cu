@@ -28,7 +28,8 @@ struct Units {
 __device__ __forceinline__ void body(const Params& p, const Units& pu) {
   Units u = pu;  // the copy
   u.scales = false;
-  for (int q = u.gw; q < u.units; q += u.gstride) {
+  // At most 64 rounds: miscompiled, gstride is read from a parameter field that may hold 0.
+  for (int q = u.gw, round = 0; q < u.units && round < 64; q += u.gstride, ++round) {
     const int t = static_cast<int>((static_cast<uint64_t>(static_cast<uint32_t>(q)) * u.kmul) >> 32);
     const int k = static_cast<int>((static_cast<uint64_t>(static_cast<uint32_t>(t)) * u.nmul) >> 32);
     p.out[q] = t * 1000 + k + (u.scales ? 1 : 0);
