@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -438,23 +439,16 @@ TEST(AllToAll, OverflowIsReportedNotWritten) {
   for (int it = 0; it < 3 && problem.empty(); ++it) {
     try {
       auto groups = make_inputs(cfg, Routing::kUniform, it < 2 ? M - it : M / 2, case_seed(96000 + it));
-      // Experts 0, 1 and 2 (all on rank 0: L = 4) get every token, each entry of a token a distinct
-      // expert: rank 0 overflows at every m here. With expert 0 alone, m = M / 2 = 8 tokens of the
-      // packed layout could fit its 16 rows (8 + 4 + 4) for some seeds (a failure seen in
-      // session 17, decided by the reference before any kernel ran).
+      // Experts 0, 1 and 2 (all on rank 0: L = 4) get every token: rank 0 overflows at every m here.
+      // With expert 0 alone, m = M / 2 = 8 tokens of the packed layout could fit its 16 rows
+      // (8 + 4 + 4) for some seeds (a failure seen in session 17, decided by the reference before
+      // any kernel ran). A missing one replaces an entry of an expert >= 3, so that a token's
+      // experts stay distinct (K = 4: there is one whenever one of 0, 1, 2 is missing).
       for (auto& g : groups)
         for (int t = 0; t < M; ++t) {
           int32_t* row = &g.topk_idx[static_cast<size_t>(t) * K];
-          for (int k = 0; k < 3; ++k) row[k] = k;
-          for (int k = 3; k < K; ++k) {
-            bool dup = row[k] < 3;
-            for (int j = 3; j < k; ++j) dup |= row[j] == row[k];
-            for (int e = 3; dup && e < cfg.num_experts; ++e) {  // the lowest expert >= 3 not yet in the row
-              bool used = false;
-              for (int j = 3; j < k; ++j) used |= row[j] == e;
-              if (!used) row[k] = e, dup = false;
-            }
-          }
+          for (int e = 0; e < 3; ++e)
+            if (std::find(row, row + K, e) == row + K) *std::find_if(row, row + K, [](int32_t x) { return x >= 3; }) = e;
         }
       std::vector<ref::GroupRouting> rt(groups.size());
       for (size_t g = 0; g < groups.size(); ++g) rt[g] = {groups[g].m, groups[g].topk_idx};
