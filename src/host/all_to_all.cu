@@ -268,13 +268,19 @@ AllToAll::AllToAll(const Communicator& comm, const AllToAllConfig& cfg_in) : imp
   // when the largest possible call has less work than that (every block pays fixed set-up work).
   int max_blocks = cfg.num_sms > 0 && cfg.num_sms < sms ? cfg.num_sms : sms;
   if (max_blocks > kMaxGridBlocks) max_blocks = kMaxGridBlocks;
-  auto blocks_for = [&](int64_t units) { return host::blocks_for(units, max_blocks); };
-  I.dispatch_shape = {blocks_for(kernels::dispatch_units(p.world_size, p.max_msgs_per_src, p.dispatch_slices)),
-                      kernels::dispatch_smem_bytes(cfg.world_size, cfg.num_experts, cfg.experts_per_token)};
-  I.combine_shape = {
-      blocks_for(kernels::combine_units(p.world_size, p.max_msgs_per_src, p.max_tokens, p.combine_slices,
-                                        combine_group(p, max_blocks))),
-      kernels::combine_smem_bytes(cfg.world_size)};
+#ifdef EPKIT_AB_GRID_PACKED
+  constexpr bool kSpreadGrid = false;
+#else
+  constexpr bool kSpreadGrid = true;
+#endif
+  const host::GeneralBlocks gb = host::general_blocks(
+      static_cast<int64_t>(p.world_size) * p.max_msgs_per_src, p.max_tokens, p.topk, p.dispatch_slices,
+      p.combine_slices,
+      kernels::combine_units(p.world_size, p.max_msgs_per_src, p.max_tokens, p.combine_slices,
+                             combine_group(p, max_blocks)),
+      max_blocks, kSpreadGrid);
+  I.dispatch_shape = {gb.dispatch, kernels::dispatch_smem_bytes(cfg.world_size, cfg.num_experts, cfg.experts_per_token)};
+  I.combine_shape = {gb.combine, kernels::combine_smem_bytes(cfg.world_size)};
   I.local = cfg.world_size == 1 && local_kernels_enabled();
   if (I.local) {
     const host::LocalShapes ls =

@@ -19,6 +19,20 @@ struct LocalShapes {
 // at least 1 and at most max_blocks (every kernel's grid, not only the local ones').
 int blocks_for(int64_t warp_units, int max_blocks);
 
+// Grids of the general (W >= 2) kernels, dispatch.cu and combine.cu, for an object whose largest
+// call receives max_msgs = W * S messages of dispatch_slices / combine_slices slices, with top-k and
+// max_tokens tokens per rank. Without spread: one warp per (message, slice) unit of dispatch, and
+// per combine_units(...) warp unit of combine, packed 16 to a block (blocks_for). With spread (the
+// kernels' one-wave mapping, unit q to block q % gridDim.x): at least one block per (message, slice,
+// entry) unit of dispatch's receive copy and per (message, slice) group of combine (and per (token,
+// slice) of its token side), up to max_blocks, so that decode calls put each unit on its own SM.
+struct GeneralBlocks {
+  int dispatch = 1;
+  int combine = 1;
+};
+GeneralBlocks general_blocks(int64_t max_msgs, int max_tokens, int topk, int dispatch_slices, int combine_slices,
+                             int64_t combine_warp_units, int max_blocks, bool spread);
+
 // Shared memory of the dispatch kernel (bytes): the counts, then the large path's round arrays or
 // the small path's per-warp counters and one (expert, rank) pair per entry of the largest call.
 size_t local_dispatch_smem_bytes(int num_experts, int topk, int max_tokens);

@@ -80,8 +80,16 @@ __device__ __forceinline__ void send_partials(const CommParams& p, const Combine
   const int me = p.rank, nsc = p.combine_slices;
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
   const int gw = blockIdx.x * kWarps + warp, nw = gridDim.x * kWarps;
-  const int grp = gw / G, ngroups = nw / G, sub = warp % G;
+  const int ngroups = nw / G, sub = warp % G;
   const int span = kLarge ? W * sm.msg_off[W + 1] : sm.msg_off[W];
+  // Small calls whose slices fit one wave of groups take one group per block first (block-uniform:
+  // span is the same in every block): a group's loads and stores then have an SM to themselves.
+  // Taken block by block, a 1-token V3 call put its 7 groups of 4 warps on 2 SMs.
+#ifdef EPKIT_AB_COMBINE_BLOCK_MAJOR
+  const int grp = gw / G;
+#else
+  const int grp = !kLarge && span * nsc <= ngroups ? (warp / G) * gridDim.x + blockIdx.x : gw / G;
+#endif
   const int chunks = H / 8;
   const size_t out_row = p.out_row_bytes;
   const uint64_t* wrecv = sym_at<uint64_t>(p, p.off_weights_recv);
@@ -339,8 +347,14 @@ __device__ void combine_recv(const CommParams& p, const CombineIO& io, uint64_t 
   const size_t out_row = p.out_row_bytes;
   const int chunks = H / 8;
   Tout* out = static_cast<Tout*>(io.out);
+  // One (token, slice) per block first when they fit one wave, as in send_partials.
+#ifdef EPKIT_AB_COMBINE_BLOCK_MAJOR
+  const int q0 = gw;
+#else
+  const int q0 = m * nsc <= nw ? warp * gridDim.x + blockIdx.x : gw;
+#endif
 
-  for (int q = gw; q < m * nsc; q += nw) {
+  for (int q = q0; q < m * nsc; q += nw) {
     const int t = q / nsc, sl = q % nsc;
     const int e = lane < K ? read_expert(p, io.topk_idx, io.idx_type, static_cast<int64_t>(t) * K + lane,
                                          kPhaseCombineRecv, t, seq, false)

@@ -480,8 +480,29 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
   const int total = sm.msg_off[W];
   const int payload_chunks = p.payload_bytes / 16;
   const uint8_t* recv = sym_at<uint8_t>(p, p.off_dispatch_recv);
-  for (int q = blockIdx.x * kWarps + warp; q < total * nsd; q += gridDim.x * kWarps) {
-    const int qm = q / nsd, sl = q % nsd;
+  // Units: one warp per (message, slice), or, when (message, slice, entry) units fit one wave
+  // (decode), per entry: the warp stores its slice into that entry's row only, so a message's K
+  // rows are stored by K warps instead of one. Units spread one per block first (block-uniform
+  // choice: total is the same in every block). One block storing a 1-token message into 8 rows
+  // took 1.8 us (session 14's stamps); the W = 1 kernels' scatter went from 2.3 to 1.0 us when
+  // spread over the grid's SMs, while more warps of the same SM made this copy slower (session 13).
+  const int nw = gridDim.x * kWarps;
+#ifdef EPKIT_AB_COPY_PER_SLICE
+  const int kx = 1;
+#else
+  const int kx = total > 0 && total * nsd * K <= nw ? K : 1;
+#endif
+  const int units = total * nsd * kx;
+#ifdef EPKIT_AB_COPY_BLOCK_MAJOR
+  const int q0 = blockIdx.x * kWarps + warp;
+#else
+  const int q0 = units <= nw ? warp * gridDim.x + blockIdx.x : blockIdx.x * kWarps + warp;
+#endif
+  // Per entry, a warp has at most one unit: its entry is k = q0 / (total * nsd).
+  const int kq = kx == 1 ? 0 : q0 / (total * nsd);
+  for (int q = q0; q < units; q += nw) {
+    const int qs = kx == 1 ? q : q - kq * total * nsd;
+    const int qm = qs / nsd, sl = qs % nsd;
     const int s = source_of_message(sm.msg_off, W, qm), j = qm - sm.msg_off[s];
     const uint8_t* msg = recv + (static_cast<size_t>(s) * S + j) * p.msg_bytes;
     const int32_t* hdr = reinterpret_cast<const int32_t*>(msg);
@@ -507,19 +528,20 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
     int slot = -1;
     int32_t* map = p.recv_map + (static_cast<size_t>(s) * S + j) * (K + 1);
     const int2 erk = lane < K ? __ldcg(reinterpret_cast<const int2*>(hdr + 4) + lane) : make_int2(-1, 0);
-    if (sl == 0 && lane == 0) map[0] = __ldcg(hdr);
+    if (sl == 0 && kq == 0 && lane == 0) map[0] = __ldcg(hdr);
     if (erk.x >= 0 && expert_rank(erk.x, p.rank_div) == me) {
       const int el = erk.x - me * L;
       const int pos = sm.off[s * L + el] + erk.y;
       slot = expert_row(p, el, pos, packed_first(sm, W));
     }
     EPKIT_STAGE(p, kStCopyLoaded);
-    if (sl == 0) {
+    if (sl == 0 && kq == 0) {  // the map row and weights: once per message (entry 0's unit)
       if (lane < K) map[1 + lane] = slot;
       if (p.weights_at_dispatch && lane < K)  // where combine_send would otherwise receive them
         sym_at<uint64_t>(p, p.off_weights_recv)[(static_cast<size_t>(s) * S + j) * K + lane] =
             tag_word(seq, static_cast<uint32_t>(__ldcg(hdr + 4 + 2 * K + lane)));
     }
+    if (kx != 1 && lane != kq) slot = -1;  // per entry: only this unit's row
     const unsigned mask = store_slice_to_slots(p, io, v, slot, sl, lane, payload_chunks);
     if (sl == 0 && p.num_scales > 0) {
 #pragma unroll 1
@@ -558,10 +580,6 @@ size_t dispatch_smem_bytes(int world_size, int num_experts, int topk) {
   const size_t L = static_cast<size_t>(num_experts / world_size);
   const size_t recv = 2 * static_cast<size_t>(num_experts) + 2 * static_cast<size_t>(world_size) + 1 + 2 * L + 1 + kWarps;
   return (send > recv ? send : recv) * sizeof(int);
-}
-
-int dispatch_units(int world_size, int max_msgs_per_src, int slices) {
-  return world_size * max_msgs_per_src * slices;
 }
 
 cudaError_t launch_dispatch(const CommParams& p, const DispatchIO& io, bool do_send, bool do_recv,

@@ -11,8 +11,7 @@ namespace epkit::kernels {
 // Dynamic shared memory the kernels need for this world size and expert count.
 size_t dispatch_smem_bytes(int world_size, int num_experts, int topk);
 size_t combine_smem_bytes(int world_size);
-// Warp-sized work units of the largest half of each kernel; the grid is sized from these.
-int dispatch_units(int world_size, int max_msgs_per_src, int slices);
+// Warp-sized work units of combine's largest half; with host::general_blocks they size its grid.
 // group: warps per send slice the grid is sized for (combine_grid_group).
 int combine_units(int world_size, int max_msgs_per_src, int max_tokens, int slices, int group);
 
