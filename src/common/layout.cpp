@@ -47,7 +47,8 @@ SymmetricLayout SymmetricLayout::make(const AllToAllConfig& c) {
   s.weights_recv = cv.take(W * S * K * sizeof(uint64_t));
   s.weights_stage = cv.take(S * K * sizeof(uint64_t));
   s.weights_recv_ctr = cv.take(W * sizeof(uint64_t));
-  s.combine_recv = cv.take(W * M * out_row);
+  s.combine_row_bytes = out_row * (c.max_tokens_per_rank <= kTaggedPartialMaxTokens ? 2 : 1);
+  s.combine_recv = cv.take(W * M * s.combine_row_bytes);
   s.combine_stage = cv.take(W * S * out_row);
   s.combine_slices = (out_row + kSliceBytes - 1) / kSliceBytes;
   s.combine_flag = cv.take(W * M * s.combine_slices * sizeof(uint64_t));

@@ -233,6 +233,23 @@ AllToAll::AllToAll(const Communicator& comm, const AllToAllConfig& cfg_in) : imp
   for (int r = 0; r < kernels::kParamPeers; ++r) p.peer_param[r] = r < cfg.world_size ? peers[r] : nullptr;
   p.all_p2p = 1;
   for (uint8_t* pb : peers) p.all_p2p &= pb != nullptr ? 1 : 0;
+  p.combine_row_bytes = static_cast<int>(I.sym_layout.combine_row_bytes);
+  {
+    // Tagged partials need the same protocol at both ends of every pair: only where every rank
+    // maps every peer (so every call takes the small P2P variants: such objects are too small for
+    // the large one).
+    int32_t mine = p.all_p2p;
+    std::vector<int32_t> all(cfg.world_size);
+    comm.allgather(&mine, sizeof(mine), all.data());
+    bool every = true;
+    for (int32_t v : all) every = every && v != 0;
+#ifdef EPKIT_AB_FLAGGED_PARTIALS
+    every = false;
+#endif
+    p.tagged_partials = every && p.combine_row_bytes == 2 * p.out_row_bytes ? 1 : 0;
+    EPKIT_CHECK(!p.tagged_partials || !kernels::large_capable(p), "tagged partials on an object of ",
+                p.max_msgs_per_src, " messages per source (the large variant does not read them)");
+  }
   const SymmetricLayout& s = I.sym_layout;
   p.off_dispatch_recv = s.dispatch_recv;
   p.off_dispatch_stage = s.dispatch_stage;
@@ -265,20 +282,16 @@ AllToAll::AllToAll(const Communicator& comm, const AllToAllConfig& cfg_in) : imp
   EPKIT_CUDA_CHECK(cudaGetDevice(&dev));
   EPKIT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   // One block per SM at most: the fused kernels spin-wait, so every block must be resident. Fewer
-  // when the largest possible call has less work than that (every block pays fixed set-up work).
+  // when the largest possible call has less work than that: the general kernels one block per
+  // decode unit (host::general_blocks), the local ones per local_shapes.
   int max_blocks = cfg.num_sms > 0 && cfg.num_sms < sms ? cfg.num_sms : sms;
   if (max_blocks > kMaxGridBlocks) max_blocks = kMaxGridBlocks;
-#ifdef EPKIT_AB_GRID_PACKED
-  constexpr bool kSpreadGrid = false;
-#else
-  constexpr bool kSpreadGrid = true;
-#endif
   const host::GeneralBlocks gb = host::general_blocks(
       static_cast<int64_t>(p.world_size) * p.max_msgs_per_src, p.max_tokens, p.topk, p.dispatch_slices,
       p.combine_slices,
       kernels::combine_units(p.world_size, p.max_msgs_per_src, p.max_tokens, p.combine_slices,
                              combine_group(p, max_blocks)),
-      max_blocks, kSpreadGrid);
+      max_blocks);
   I.dispatch_shape = {gb.dispatch, kernels::dispatch_smem_bytes(cfg.world_size, cfg.num_experts, cfg.experts_per_token)};
   I.combine_shape = {gb.combine, kernels::combine_smem_bytes(cfg.world_size)};
   I.local = cfg.world_size == 1 && local_kernels_enabled();

@@ -85,13 +85,12 @@ __device__ __forceinline__ void send_partials(const CommParams& p, const Combine
   // Small calls whose slices fit one wave of groups take one group per block first (block-uniform:
   // span is the same in every block): a group's loads and stores then have an SM to themselves.
   // Taken block by block, a 1-token V3 call put its 7 groups of 4 warps on 2 SMs.
-#ifdef EPKIT_AB_COMBINE_BLOCK_MAJOR
-  const int grp = gw / G;
-#else
   const int grp = !kLarge && span * nsc <= ngroups ? (warp / G) * gridDim.x + blockIdx.x : gw / G;
-#endif
   const int chunks = H / 8;
-  const size_t out_row = p.out_row_bytes;
+  const size_t out_row = p.out_row_bytes, row_stride = p.combine_row_bytes;
+  // Tagged partials (layout.hpp): the words carry their own arrival, so no flag, barrier or release.
+  // Set only where every rank maps every peer, whose calls all take the small P2P variant.
+  const bool tagged = !kLarge && kP2P && p.tagged_partials;
   const uint64_t* wrecv = sym_at<uint64_t>(p, p.off_weights_recv);
   const Tin* y = static_cast<const Tin*>(io.expert_y);
   for (int q = grp; q < span * nsc; q += ngroups) {
@@ -189,7 +188,7 @@ __device__ __forceinline__ void send_partials(const CommParams& p, const Combine
     bool any_portable = false;
     for (int dd = 0; dd < D; ++dd) any_portable |= peer_at<kP2P>(p, p0 + dd) == nullptr;
     uint8_t* stage = sym_at<uint8_t>(p, p.off_combine_stage) + msg * out_row;
-    const size_t dst_off = p.off_combine_recv + (static_cast<size_t>(me) * M + t) * out_row;
+    const size_t dst_off = p.off_combine_recv + (static_cast<size_t>(me) * M + t) * row_stride;
     int4 packed[N];
 #pragma unroll
     for (int i = 0; i < N; ++i) packed[i] = Vec8<Tout>::pack(acc[i]);
@@ -201,19 +200,27 @@ __device__ __forceinline__ void send_partials(const CommParams& p, const Combine
         if (pb == nullptr) continue;
         row = pb + dst_off;
       }
+      if (tagged) {
 #pragma unroll
-      for (int i = 0; i < N; ++i)
-        if (c[i] < chunks) st16(row + static_cast<size_t>(c[i]) * 16, packed[i]);
+        for (int i = 0; i < N; ++i)
+          if (c[i] < chunks) st_tagged_chunk(row + static_cast<size_t>(c[i]) * 32, packed[i], seq);
+      } else {
+#pragma unroll
+        for (int i = 0; i < N; ++i)
+          if (c[i] < chunks) st16(row + static_cast<size_t>(c[i]) * 16, packed[i]);
+      }
     }
     const size_t flag_idx = (static_cast<size_t>(me) * M + t) * nsc + sl;
     uint64_t* flag = nullptr;  // lane dd < D: this slice's flag at member dd, if P2P
-    if (lane < D)
+    if (lane < D && !tagged)
       if (uint8_t* pb = peer_at<kP2P>(p, p0 + lane)) flag = reinterpret_cast<uint64_t*>(pb + p.off_combine_flag) + flag_idx;
     if constexpr (kLarge) {
       flags.push(flag, lane, D, seq);
     } else if constexpr (G > 1) {
-      named_barrier_sync(1 + warp / G, G * kWarpSize);  // + a cumulative release: the group's stores
-      if (sub == 0 && flag) st_release_sys(flag, seq);
+      if (!tagged) {  // block-uniform: the group meets only to order its stores before the flag
+        named_barrier_sync(1 + warp / G, G * kWarpSize);  // + a cumulative release: the group's stores
+        if (sub == 0 && flag) st_release_sys(flag, seq);
+      }
     } else {
       __syncwarp();  // + a cumulative release: publish the whole warp's stores
       if (flag) st_release_sys(flag, seq);
@@ -335,24 +342,21 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
   }
 }
 
+// The token side with arrival flags: one warp per (token, slice) waits for the flag of each rank
+// it dispatched to, then sums their partials two ranks at a time.
 template <typename Tout>
-__device__ void combine_recv(const CommParams& p, const CombineIO& io, uint64_t seq) {
-  const int W = p.world_size, K = p.topk, M = p.max_tokens, H = p.hidden;
+__device__ __forceinline__ void recv_flagged(const CommParams& p, const CombineIO& io, uint64_t seq, int m) {
+  const int K = p.topk, M = p.max_tokens, H = p.hidden;
   const int nsc = p.combine_slices;
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
   const int gw = blockIdx.x * kWarps + warp, nw = gridDim.x * kWarps;
-  const int m = resolve_num_tokens(p, io.m, kPhaseCombineRecv, seq, false);
   const uint64_t* flags = sym_at<uint64_t>(p, p.off_combine_flag);
   const uint8_t* partials = sym_at<uint8_t>(p, p.off_combine_recv);
-  const size_t out_row = p.out_row_bytes;
+  const size_t row_stride = p.combine_row_bytes;
   const int chunks = H / 8;
   Tout* out = static_cast<Tout*>(io.out);
   // One (token, slice) per block first when they fit one wave, as in send_partials.
-#ifdef EPKIT_AB_COMBINE_BLOCK_MAJOR
-  const int q0 = gw;
-#else
   const int q0 = m * nsc <= nw ? warp * gridDim.x + blockIdx.x : gw;
-#endif
 
   for (int q = q0; q < m * nsc; q += nw) {
     const int t = q / nsc, sl = q % nsc;
@@ -378,8 +382,8 @@ __device__ void combine_recv(const CommParams& p, const CombineIO& io, uint64_t 
       int ka, kb;
       take_pair(km, ka, kb);
       const int ra = __shfl_sync(0xffffffffu, r, ka), rb = __shfl_sync(0xffffffffu, r, kb < 0 ? ka : kb);
-      const uint8_t* row_a = partials + (static_cast<size_t>(ra) * M + t) * out_row;
-      const uint8_t* row_b = partials + (static_cast<size_t>(rb) * M + t) * out_row;
+      const uint8_t* row_a = partials + (static_cast<size_t>(ra) * M + t) * row_stride;
+      const uint8_t* row_b = partials + (static_cast<size_t>(rb) * M + t) * row_stride;
       int4 va[kUnroll], vb[kUnroll];
 #pragma unroll
       for (int qq = 0; qq < kUnroll; ++qq) {
@@ -408,6 +412,83 @@ __device__ void combine_recv(const CommParams& p, const CombineIO& io, uint64_t 
       if (c < chunks) st16(out + static_cast<size_t>(t) * H + c * 8, Vec8<Tout>::pack(acc[qq]));
     }
   }
+
+}
+
+// The token side with tagged partials (layout.hpp): one warp per (token, slice) reads each
+// rank's partial words as they land, one rank at a time (both ranks' tagged words in flight at
+// once spilled 500 bytes). A lane whose chunks have not all landed waits for them out of line and
+// loads them again, so that nothing loaded is live across the call.
+template <typename Tout>
+__device__ __forceinline__ void recv_tagged(const CommParams& p, const CombineIO& io, uint64_t seq, int m) {
+  const int K = p.topk, M = p.max_tokens, H = p.hidden;
+  const int nsc = p.combine_slices;
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  const int gw = blockIdx.x * kWarps + warp, nw = gridDim.x * kWarps;
+  const uint8_t* partials = sym_at<uint8_t>(p, p.off_combine_recv);
+  const size_t row_stride = p.combine_row_bytes;
+  const int chunks = H / 8;
+  Tout* out = static_cast<Tout*>(io.out);
+  const int q0 = m * nsc <= nw ? warp * gridDim.x + blockIdx.x : gw;
+  for (int q = q0; q < m * nsc; q += nw) {
+    const int t = q / nsc, sl = q % nsc;
+    const int e = lane < K ? read_expert(p, io.topk_idx, io.idx_type, static_cast<int64_t>(t) * K + lane,
+                                         kPhaseCombineRecv, t, seq, false)
+                           : -1;
+    const int r = e >= 0 ? expert_rank(e, p.rank_div) : -1;
+    const unsigned same = __match_any_sync(0xffffffffu, r);
+    const unsigned dmask = __ballot_sync(0xffffffffu, e >= 0 && (same & ((1u << lane) - 1)) == 0);
+    // This lane's chunks of the slice: sl * kSliceChunks + qq * 32 + lane < chunks.
+    const int c0 = sl * kSliceChunks + lane;
+    const int n = c0 < chunks ? min(kUnroll, (chunks - c0 + kWarpSize - 1) / kWarpSize) : 0;
+    float acc[kUnroll][8];
+#pragma unroll
+    for (int qq = 0; qq < kUnroll; ++qq)
+#pragma unroll
+      for (int i = 0; i < 8; ++i) acc[qq][i] = 0.f;
+    bool ok = true;
+    for (unsigned km = dmask; km; km &= km - 1) {
+      const int rr = __shfl_sync(0xffffffffu, r, __ffs(km) - 1);
+      const uint8_t* row = partials + (static_cast<size_t>(rr) * M + t) * row_stride + static_cast<size_t>(c0) * 32;
+      TaggedChunk tc[kUnroll];
+#pragma unroll
+      for (int qq = 0; qq < kUnroll; ++qq)
+        if (qq < n) tc[qq].load(row + static_cast<size_t>(qq) * kWarpSize * 32);
+      bool ready = true;
+#pragma unroll
+      for (int qq = 0; qq < kUnroll; ++qq)
+        if (qq < n) ready = ready && tc[qq].ready(seq);
+      if (!ready) {
+        ok = ok && wait_tagged_chunks(p, row, kWarpSize * 32, n, seq, kPhaseCombineRecv, kWaitPartial, rr, t);
+#pragma unroll
+        for (int qq = 0; qq < kUnroll; ++qq)
+          if (qq < n) tc[qq].load(row + static_cast<size_t>(qq) * kWarpSize * 32);
+      }
+#pragma unroll
+      for (int qq = 0; qq < kUnroll; ++qq) {
+        if (qq >= n) continue;
+        float f[8];
+        Vec8<Tout>::unpack(tc[qq].value(), f);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[qq][i] += f[i];
+      }
+    }
+    if (!__all_sync(0xffffffffu, ok)) break;  // a partial that never came (recorded): the layer fails
+#pragma unroll
+    for (int qq = 0; qq < kUnroll; ++qq)
+      if (qq < n) st16(out + static_cast<size_t>(t) * H + static_cast<size_t>(c0 + qq * kWarpSize) * 8, Vec8<Tout>::pack(acc[qq]));
+  }
+}
+
+// kTaggable: the small P2P variant, the only one an object with tagged partials runs.
+template <typename Tout, bool kTaggable>
+__device__ void combine_recv(const CommParams& p, const CombineIO& io, uint64_t seq) {
+  const int W = p.world_size;
+  const int m = resolve_num_tokens(p, io.m, kPhaseCombineRecv, seq, false);
+  if (kTaggable && p.tagged_partials)
+    recv_tagged<Tout>(p, io, seq, m);
+  else
+    recv_flagged<Tout>(p, io, seq, m);
 
   EPKIT_STAGE(p, kStTokensSummed);
   // The only global barrier: every peer has entered combine (so is done with its dispatch buffers).
@@ -479,7 +560,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (do_send) combine_send<Tin, Tout, kLarge, kP2P>(p, io, seq, smem);
   EPKIT_STAGE(p, kStPartialsSent);
   if (do_recv) {
-    combine_recv<Tout>(p, io, seq);
+    combine_recv<Tout, !kLarge && kP2P>(p, io, seq);
     finish_layer(p, seq, tail);
   }
 }

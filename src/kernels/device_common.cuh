@@ -202,6 +202,64 @@ __device__ __forceinline__ bool wait_tagged(const CommParams& p, const uint64_t*
   return true;
 }
 
+// Tagged partials (layout.hpp, kTaggedPartialMaxTokens): a 16-byte chunk {x, y, z, w} of a partial
+// travels as four 8-byte words, each a 32-bit word of the chunk under the call's tag (tag_word),
+// stored as two 16-byte vectors of 8-byte elements. Each element is single-copy atomic, so a reader
+// that sees this call's tag in a word sees that word's data: every word is its own arrival flag.
+__device__ __forceinline__ void st_tagged_chunk(void* dst, int4 v, uint64_t seq) {
+  const uint64_t tag = seq << 32;
+  asm volatile("st.relaxed.sys.global.v2.u64 [%0], {%1, %2};" ::"l"(dst), "l"(tag | static_cast<uint32_t>(v.x)),
+               "l"(tag | static_cast<uint32_t>(v.y)));
+  asm volatile("st.relaxed.sys.global.v2.u64 [%0], {%1, %2};" ::"l"(static_cast<uint8_t*>(dst) + 16),
+               "l"(tag | static_cast<uint32_t>(v.z)), "l"(tag | static_cast<uint32_t>(v.w)));
+}
+struct TaggedChunk {
+  uint64_t w[4];
+  __device__ __forceinline__ void load(const void* src) {
+    asm volatile("ld.relaxed.sys.global.v2.u64 {%0, %1}, [%2];" : "=l"(w[0]), "=l"(w[1]) : "l"(src));
+    asm volatile("ld.relaxed.sys.global.v2.u64 {%0, %1}, [%2];"
+                 : "=l"(w[2]), "=l"(w[3])
+                 : "l"(static_cast<const uint8_t*>(src) + 16));
+  }
+  __device__ __forceinline__ bool ready(uint64_t seq) const {
+    const uint32_t tag = static_cast<uint32_t>(seq);
+    return static_cast<uint32_t>(w[0] >> 32) == tag && static_cast<uint32_t>(w[1] >> 32) == tag &&
+           static_cast<uint32_t>(w[2] >> 32) == tag && static_cast<uint32_t>(w[3] >> 32) == tag;
+  }
+  __device__ __forceinline__ int4 value() const {
+    return make_int4(static_cast<int>(static_cast<uint32_t>(w[0])), static_cast<int>(static_cast<uint32_t>(w[1])),
+                     static_cast<int>(static_cast<uint32_t>(w[2])), static_cast<int>(static_cast<uint32_t>(w[3])));
+  }
+};
+// Spins until each of the n chunks at src, src + stride, ... carries this call's tag in all four
+// words; false on timeout or abort, as wait_flag. Out of line, like wait_flag_slow, and the caller
+// reloads the chunks after it (nothing loaded stays live across the call): at decode the reader's
+// first load usually comes before the data, and the spin stays out of the hot loop's code.
+static __device__ __noinline__ bool wait_tagged_chunks(const CommParams& p, const uint8_t* src, size_t stride, int n,
+                                                       uint64_t seq, int32_t phase, int32_t what, int32_t peer,
+                                                       int32_t token) {
+  const uint64_t start = global_timer_ns();
+  uint32_t spins = 0;
+  for (int i = 0; i < n; ++i) {
+    while (true) {
+      TaggedChunk c;
+      c.load(src + i * stride);
+      if (c.ready(seq)) break;
+      if ((++spins & 63) == 0) {
+        if (is_aborted(p)) return false;
+        if (global_timer_ns() - start > p.timeout_ns) {
+          record_error(p, kErrTimeout, phase, what, peer, -1, token, static_cast<int64_t>(c.w[0] >> 32),
+                       static_cast<int64_t>(seq & 0xffffffffull), seq);
+          atomicExch(&p.state->aborted, 1);
+          __threadfence_system();
+          return false;
+        }
+      }
+    }
+  }
+  return true;
+}
+
 // m for this call: the host value, or the device value clamped to [0, min(M, rows)] (reported).
 __device__ inline int resolve_num_tokens(const CommParams& p, const TokenCount& tc, int32_t phase, uint64_t seq,
                                          bool report) {

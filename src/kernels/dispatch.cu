@@ -487,17 +487,9 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
   // took 1.8 us (session 14's stamps); the W = 1 kernels' scatter went from 2.3 to 1.0 us when
   // spread over the grid's SMs, while more warps of the same SM made this copy slower (session 13).
   const int nw = gridDim.x * kWarps;
-#ifdef EPKIT_AB_COPY_PER_SLICE
-  const int kx = 1;
-#else
   const int kx = total > 0 && total * nsd * K <= nw ? K : 1;
-#endif
   const int units = total * nsd * kx;
-#ifdef EPKIT_AB_COPY_BLOCK_MAJOR
-  const int q0 = blockIdx.x * kWarps + warp;
-#else
   const int q0 = units <= nw ? warp * gridDim.x + blockIdx.x : blockIdx.x * kWarps + warp;
-#endif
   // Per entry, a warp has at most one unit: its entry is k = q0 / (total * nsd).
   const int kq = kx == 1 ? 0 : q0 / (total * nsd);
   for (int q = q0; q < units; q += nw) {

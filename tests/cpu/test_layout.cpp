@@ -56,9 +56,21 @@ std::vector<std::pair<size_t, size_t>> regions(const AllToAllConfig& c) {
           {s.dispatch_counts, W * (L + 1) * 8},    {s.dispatch_count_stage, W * (L + 1) * 8},
           {s.dispatch_count_flag, W * 8},          {s.dispatch_recv_ctr, W * 8},
           {s.weights_recv, W * S * K * 8},         {s.weights_stage, S * K * 8},
-          {s.weights_recv_ctr, W * 8},             {s.combine_recv, W * M * out},
+          {s.weights_recv_ctr, W * 8},             {s.combine_recv, W * M * s.combine_row_bytes},
           {s.combine_stage, W * S * out},          {s.combine_flag, W * M * ((out + 2047) / 2048) * 8},
           {s.barrier_flag, W * 8}};
+}
+
+// Decode objects (M <= kTaggedPartialMaxTokens) give each partial row room for tagged words.
+TEST(Layout, CombineRowsHoldTaggedWordsForDecodeObjects) {
+  AllToAllConfig c = decode_ep(8);
+  for (int M : {1, 128, kTaggedPartialMaxTokens, kTaggedPartialMaxTokens + 1, 4096}) {
+    c.max_tokens_per_rank = M;
+    const SymmetricLayout s = SymmetricLayout::make(c);
+    const size_t out = static_cast<size_t>(c.hidden) * 2;
+    EXPECT_EQ(s.combine_row_bytes, M <= kTaggedPartialMaxTokens ? 2 * out : out) << "M = " << M;
+    EXPECT_GE(s.combine_stage - s.combine_recv, static_cast<size_t>(c.world_size) * M * s.combine_row_bytes);
+  }
 }
 
 TEST(Layout, SymmetricRegionsAreAlignedDisjointAndInside) {
