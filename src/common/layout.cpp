@@ -38,9 +38,7 @@ SymmetricLayout SymmetricLayout::make(const AllToAllConfig& c) {
   const size_t out_row = static_cast<size_t>(c.hidden) * dtype_size(c.combine_out_dtype);
   s.max_msgs_per_src = S;
   Carver cv;
-  const size_t tag_factor = c.max_tokens_per_rank <= kTaggedMaxTokens ? 2 : 1;
-  s.dispatch_msg_stride = s.msg.bytes * tag_factor;
-  s.dispatch_recv = cv.take(W * S * s.dispatch_msg_stride);
+  s.dispatch_recv = cv.take(W * S * s.msg.bytes);
   s.dispatch_stage = cv.take(S * s.msg.bytes);
   s.dispatch_counts = cv.take(W * (L + 1) * sizeof(uint64_t));
   s.dispatch_count_stage = cv.take(W * (L + 1) * sizeof(uint64_t));
@@ -49,7 +47,7 @@ SymmetricLayout SymmetricLayout::make(const AllToAllConfig& c) {
   s.weights_recv = cv.take(W * S * K * sizeof(uint64_t));
   s.weights_stage = cv.take(S * K * sizeof(uint64_t));
   s.weights_recv_ctr = cv.take(W * sizeof(uint64_t));
-  s.combine_row_bytes = out_row * tag_factor;
+  s.combine_row_bytes = out_row * (c.max_tokens_per_rank <= kTaggedPartialMaxTokens ? 2 : 1);
   s.combine_recv = cv.take(W * M * s.combine_row_bytes);
   s.combine_stage = cv.take(W * S * out_row);
   s.combine_slices = (out_row + kSliceBytes - 1) / kSliceBytes;

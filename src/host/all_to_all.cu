@@ -234,9 +234,8 @@ AllToAll::AllToAll(const Communicator& comm, const AllToAllConfig& cfg_in) : imp
   p.all_p2p = 1;
   for (uint8_t* pb : peers) p.all_p2p &= pb != nullptr ? 1 : 0;
   p.combine_row_bytes = static_cast<int>(I.sym_layout.combine_row_bytes);
-  p.msg_stride = static_cast<int>(I.sym_layout.dispatch_msg_stride);
   {
-    // Tagged words need the same protocol at both ends of every pair: only where every rank
+    // Tagged partials need the same protocol at both ends of every pair: only where every rank
     // maps every peer (so every call takes the small P2P variants: such objects are too small for
     // the large one).
     int32_t mine = p.all_p2p;
@@ -244,8 +243,11 @@ AllToAll::AllToAll(const Communicator& comm, const AllToAllConfig& cfg_in) : imp
     comm.allgather(&mine, sizeof(mine), all.data());
     bool every = true;
     for (int32_t v : all) every = every && v != 0;
-    p.tagged = every && p.combine_row_bytes == 2 * p.out_row_bytes && p.msg_stride == 2 * p.msg_bytes ? 1 : 0;
-    EPKIT_CHECK(!p.tagged || !kernels::large_capable(p), "tagged words on an object of ",
+#ifdef EPKIT_AB_FLAGGED_PARTIALS
+    every = false;
+#endif
+    p.tagged_partials = every && p.combine_row_bytes == 2 * p.out_row_bytes ? 1 : 0;
+    EPKIT_CHECK(!p.tagged_partials || !kernels::large_capable(p), "tagged partials on an object of ",
                 p.max_msgs_per_src, " messages per source (the large variant does not read them)");
   }
   const SymmetricLayout& s = I.sym_layout;

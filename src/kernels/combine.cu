@@ -90,7 +90,7 @@ __device__ __forceinline__ void send_partials(const CommParams& p, const Combine
   const size_t out_row = p.out_row_bytes, row_stride = p.combine_row_bytes;
   // Tagged partials (layout.hpp): the words carry their own arrival, so no flag, barrier or release.
   // Set only where every rank maps every peer, whose calls all take the small P2P variant.
-  const bool tagged = !kLarge && kP2P && p.tagged;
+  const bool tagged = !kLarge && kP2P && p.tagged_partials;
   const uint64_t* wrecv = sym_at<uint64_t>(p, p.off_weights_recv);
   const Tin* y = static_cast<const Tin*>(io.expert_y);
   for (int q = grp; q < span * nsc; q += ngroups) {
@@ -485,7 +485,7 @@ template <typename Tout, bool kTaggable>
 __device__ void combine_recv(const CommParams& p, const CombineIO& io, uint64_t seq) {
   const int W = p.world_size;
   const int m = resolve_num_tokens(p, io.m, kPhaseCombineRecv, seq, false);
-  if (kTaggable && p.tagged)
+  if (kTaggable && p.tagged_partials)
     recv_tagged<Tout>(p, io, seq, m);
   else
     recv_flagged<Tout>(p, io, seq, m);

@@ -166,17 +166,6 @@ static __device__ __noinline__ void write_own(const CommParams& p, const Dispatc
         tag_word(seq, __float_as_uint(io.topk_weights[static_cast<size_t>(t) * K + lane]));
 }
 
-// Whether this object's messages travel as tagged words (layout.hpp, CommParams::tagged): set only
-// where every rank maps every peer, whose calls all take the small P2P variant.
-template <bool kLarge, bool kP2P>
-__device__ __forceinline__ bool tagged_messages(const CommParams& p) {
-#ifdef EPKIT_AB_FLAGGED_MSGS
-  return false;
-#else
-  return !kLarge && kP2P && p.tagged != 0;
-#endif
-}
-
 // direct_self (large calls of the fused kernel): our own tokens' slices go straight into expert_x
 // (and their recv_map rows are written here) instead of through a message to ourselves that the
 // receive half copies again; this overlaps that half of the fan-out with the link. Own tokens come
@@ -223,7 +212,6 @@ __device__ bool dispatch_send(const CommParams& p, const DispatchIO& io, uint64_
   // ourselves was measured faster (fused dispatch 20.1 us at 1 token, 22.4 with direct_self).
   // Not with the packed layout: there an expert's first row depends on the peers' counts.
   const bool direct_self = kLarge && fused && n_own >= kLargeCallTokens && !p.packed;
-  const bool tagged = tagged_messages<kLarge, kP2P>(p);
   // Lanes work in groups of G >= K (a power of two): lane k of a group reads entry k of one token,
   // so a warp reads 32 / G tokens with one coalesced load, kHistUnroll loads in flight per lane.
   {
@@ -338,26 +326,6 @@ __device__ bool dispatch_send(const CommParams& p, const DispatchIO& io, uint64_
         hw0 = lane < hdr_words ? word(lane) : 0;
         hw1 = lane + 32 < hdr_words ? word(lane + 32) : 0;
       }
-      // Tagged words (layout.hpp): word i of the message at byte 8 i, with this call's tag.
-      auto write_slice_tagged = [&](uint8_t* msg) {
-        if (sl == 0) {
-          uint64_t* h = reinterpret_cast<uint64_t*>(msg);
-          if (lane < hdr_words) st_relaxed_sys(h + lane, tag_word(seq, static_cast<uint32_t>(hw0)));
-          if (lane + 32 < hdr_words) st_relaxed_sys(h + lane + 32, tag_word(seq, static_cast<uint32_t>(hw1)));
-          uint64_t* sc = reinterpret_cast<uint64_t*>(msg + 2 * static_cast<size_t>(p.header_bytes));
-#pragma unroll
-          for (int i = 0; i < kScaleRegs; ++i)
-            if (i * kWarpSize + lane < p.num_scales) st_relaxed_sys(sc + i * kWarpSize + lane, tag_word(seq, __float_as_uint(scv[i])));
-          for (int s = kScaleRegs * kWarpSize + lane; s < p.num_scales; s += kWarpSize)  // hidden > 16384
-            st_relaxed_sys(sc + s, tag_word(seq, __float_as_uint(__ldg(src_scale + s))));
-        }
-        uint8_t* pl = msg + 2 * static_cast<size_t>(p.payload_offset);
-#pragma unroll
-        for (int q = 0; q < kUnroll; ++q) {
-          const int c = sl * kSliceChunks + q * kWarpSize + lane;
-          if (c < payload_chunks) st_tagged_chunk(pl + static_cast<size_t>(c) * 32, v[q], seq);
-        }
-      };
       auto write_slice = [&](uint8_t* msg) {
         if (sl == 0) {
           int32_t* h = reinterpret_cast<int32_t*>(msg);
@@ -384,7 +352,7 @@ __device__ bool dispatch_send(const CommParams& p, const DispatchIO& io, uint64_
         const int src_lane = __ffs(mask) - 1;
         const int rd = __shfl_sync(0xffffffffu, r, src_lane);
         const int jd = __shfl_sync(0xffffffffu, j, src_lane);
-        const size_t slot_off = p.off_dispatch_recv + (static_cast<size_t>(me) * S + jd) * p.msg_stride;
+        const size_t slot_off = p.off_dispatch_recv + (static_cast<size_t>(me) * S + jd) * p.msg_bytes;
         if (direct_self && rd == me) {
           int slot = -1;  // own tokens lead every local expert's run: the slot is the rank within it
           if (lane < K && e >= 0 && r == me) {
@@ -394,10 +362,7 @@ __device__ bool dispatch_send(const CommParams& p, const DispatchIO& io, uint64_
           write_own(p, io, v[0], v[1], v[2], v[3], slot, sl, t, me * S + jd, src_scale, seq);
           if (lane == 0) atomicAdd(&sm.blk_sent[rd], 1);
         } else if (uint8_t* pb = peer_at<kP2P>(p, rd)) {
-          if (tagged)
-            write_slice_tagged(pb + slot_off);
-          else
-            write_slice(pb + slot_off);
+          write_slice(pb + slot_off);
           if (lane == 0) atomicAdd(&sm.blk_sent[rd], 1);
         } else {
           if (!staged) {
@@ -421,7 +386,7 @@ __device__ bool dispatch_send(const CommParams& p, const DispatchIO& io, uint64_
   // One release per destination publishes everything this block stored there: the bar.sync above
   // orders the other threads' stores before it, and release semantics are cumulative, so no
   // separate system fence is needed. (The counts are tagged words and need no release.)
-  for (int d = threadIdx.x; d < W && !tagged; d += blockDim.x) {  // tagged words need no release
+  for (int d = threadIdx.x; d < W; d += blockDim.x) {
     uint8_t* pb = peer_at<kP2P>(p, d);
     if (pb == nullptr) {
       if (direct_self && d == me && sm.blk_sent[d] > 0)  // portable path: our own counter, locally
@@ -434,122 +399,6 @@ __device__ bool dispatch_send(const CommParams& p, const DispatchIO& io, uint64_
   }
   EPKIT_STAGE(p, kStSendDone);
   return direct_self;
-}
-
-// The receive copy of tagged messages (layout.hpp): word i of a message at byte 8 i. A lane that
-// finds one of its words without this call's tag waits for all of them out of line (nothing loaded
-// is live across the call) and loads them again; on a timeout the unit stores nothing (its header
-// may be garbage) and the layer fails with the recorded error.
-static __device__ __noinline__ bool wait_message_words(const CommParams& p, const uint8_t* msg, int sl, int lane,
-                                                       bool unit0, uint64_t seq, int src) {
-  const uint64_t tag = seq & 0xffffffffull;
-  auto word = [&](const uint8_t* at) {
-    const uint64_t* w = reinterpret_cast<const uint64_t*>(at);
-    return (ld_relaxed_sys(w) >> 32) == tag ||
-           wait_flag_slow(p, w, tag, Cmp::kTag, kPhaseDispatchRecv, kWaitDispatchData, src, -1, seq);
-  };
-  const int K = p.topk, chunks = p.payload_bytes / 16;
-  bool ok = true;
-  for (int c = sl * kSliceChunks + lane, n = 0; ok && c < chunks && n < kUnroll; c += kWarpSize, ++n)
-    for (int i = 0; ok && i < 4; ++i) ok = word(msg + 2 * static_cast<size_t>(p.payload_offset) + 32 * static_cast<size_t>(c) + 8 * i);
-  for (int x = lane; ok && sl == 0 && x < p.num_scales; x += kWarpSize)
-    ok = word(msg + 2 * static_cast<size_t>(p.header_bytes) + 8 * static_cast<size_t>(x));
-  if (lane < K) {
-    ok = ok && word(msg + 8 * (4 + 2 * lane)) && word(msg + 8 * (5 + 2 * lane));
-    if (unit0 && p.weights_at_dispatch) ok = ok && word(msg + 8 * (4 + 2 * K + lane));
-  }
-  if (unit0 && lane == 0) ok = ok && word(msg);
-  return ok;
-}
-
-__device__ __forceinline__ void copy_tagged(const CommParams& p, const DispatchIO& io, uint64_t seq, const RecvSmem& sm,
-                                            int q0, int units, int nw, int kx, int kq) {
-  const int W = p.world_size, L = p.num_local_experts, K = p.topk, S = p.max_msgs_per_src, me = p.rank;
-  const int nsd = p.dispatch_slices, total = sm.msg_off[W];
-  const int lane = threadIdx.x % kWarpSize;
-  const int payload_chunks = p.payload_bytes / 16;
-  const uint8_t* recv = sym_at<uint8_t>(p, p.off_dispatch_recv);
-  const uint64_t ready_word = tag_word(seq, 0);  // what a word this lane does not read counts as
-  for (int q = q0; q < units; q += nw) {
-    const int qs = kx == 1 ? q : q - kq * total * nsd;
-    const int qm = qs / nsd, sl = qs % nsd;
-    const int s = source_of_message(sm.msg_off, W, qm), j = qm - sm.msg_off[s];
-    const uint8_t* msg = recv + (static_cast<size_t>(s) * S + j) * p.msg_stride;
-    const bool unit0 = sl == 0 && kq == 0;  // writes the map row (and weights) of the message
-    const uint8_t* pl = msg + 2 * static_cast<size_t>(p.payload_offset);
-    const uint64_t* sc = reinterpret_cast<const uint64_t*>(msg + 2 * static_cast<size_t>(p.header_bytes));
-    const uint64_t* hdr = reinterpret_cast<const uint64_t*>(msg);
-    TaggedChunk tv[kUnroll];
-    uint64_t scw[kScaleRegs], ek = ready_word, rk = ready_word, tok = ready_word, wt = ready_word;
-    auto load_all = [&]() {
-#pragma unroll
-      for (int qq = 0; qq < kUnroll; ++qq) {
-        const int c = sl * kSliceChunks + qq * kWarpSize + lane;
-        if (c < payload_chunks) tv[qq].load(pl + static_cast<size_t>(c) * 32);
-        else tv[qq].w[0] = tv[qq].w[1] = tv[qq].w[2] = tv[qq].w[3] = ready_word;
-      }
-#pragma unroll
-      for (int i = 0; i < kScaleRegs; ++i) {
-        const int x = i * kWarpSize + lane;
-        scw[i] = sl == 0 && x < p.num_scales ? ld_relaxed_sys(sc + x) : ready_word;
-      }
-      if (lane < K) {
-        ek = ld_relaxed_sys(hdr + 4 + 2 * lane);
-        rk = ld_relaxed_sys(hdr + 5 + 2 * lane);
-        if (unit0 && p.weights_at_dispatch) wt = ld_relaxed_sys(hdr + 4 + 2 * K + lane);
-      }
-      if (unit0 && lane == 0) tok = ld_relaxed_sys(hdr);
-    };
-    load_all();
-    const uint32_t tag = static_cast<uint32_t>(seq);
-    bool ready = static_cast<uint32_t>(ek >> 32) == tag && static_cast<uint32_t>(rk >> 32) == tag &&
-                 static_cast<uint32_t>(tok >> 32) == tag && static_cast<uint32_t>(wt >> 32) == tag;
-#pragma unroll
-    for (int qq = 0; qq < kUnroll; ++qq) ready = ready && tv[qq].ready(seq);
-#pragma unroll
-    for (int i = 0; i < kScaleRegs; ++i) ready = ready && static_cast<uint32_t>(scw[i] >> 32) == tag;
-    bool ok = true;
-    if (!ready) {
-      ok = wait_message_words(p, msg, sl, lane, unit0, seq, s);
-      if (ok) load_all();
-    }
-    if (!__all_sync(0xffffffffu, ok)) continue;  // recorded; this unit's header may be garbage
-    EPKIT_STAGE(p, kStCopyLoaded);
-    int slot = -1;
-    const int e = static_cast<int>(static_cast<uint32_t>(ek));
-    int32_t* map = p.recv_map + (static_cast<size_t>(s) * S + j) * (K + 1);
-    if (unit0 && lane == 0) map[0] = static_cast<int32_t>(static_cast<uint32_t>(tok));
-    if (lane < K && e >= 0 && expert_rank(e, p.rank_div) == me) {
-      const int el = e - me * L;
-      const int pos = sm.off[s * L + el] + static_cast<int>(static_cast<uint32_t>(rk));
-      slot = expert_row(p, el, pos, packed_first(sm, W));
-    }
-    if (unit0) {
-      if (lane < K) map[1 + lane] = slot;
-      if (p.weights_at_dispatch && lane < K)
-        sym_at<uint64_t>(p, p.off_weights_recv)[(static_cast<size_t>(s) * S + j) * K + lane] =
-            tag_word(seq, static_cast<uint32_t>(wt));
-    }
-    if (kx != 1 && lane != kq) slot = -1;  // per entry: only this unit's row
-    int4 v[kUnroll];
-#pragma unroll
-    for (int qq = 0; qq < kUnroll; ++qq) v[qq] = tv[qq].value();
-    const unsigned mask = store_slice_to_slots(p, io, v, slot, sl, lane, payload_chunks);
-    if (sl == 0 && p.num_scales > 0) {
-#pragma unroll 1
-      for (unsigned m = mask; m; m &= m - 1) {  // warp-uniform: the shuffle runs with every lane
-        float* dst = io.expert_x_scale + static_cast<size_t>(__shfl_sync(0xffffffffu, slot, __ffs(m) - 1)) * p.num_scales;
-#pragma unroll
-        for (int i = 0; i < kScaleRegs; ++i)
-          if (i * kWarpSize + lane < p.num_scales) dst[i * kWarpSize + lane] = __uint_as_float(static_cast<uint32_t>(scw[i]));
-        for (int x = kScaleRegs * kWarpSize + lane; x < p.num_scales; x += kWarpSize) {  // hidden > 16384
-          uint32_t bits = 0;  // on a timeout the error is recorded and the layer fails
-          wait_tagged(p, sc + x, seq, bits, kPhaseDispatchRecv, kWaitDispatchData, s);
-          dst[x] = __uint_as_float(bits);
-        }
-      }
-    }
-  }
 }
 
 template <bool kP2P>
@@ -617,9 +466,8 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
   if (blockIdx.x == 0)
     for (int s = threadIdx.x; s < W; s += blockDim.x) p.num_msgs[s] = sm.nmsg[s];
   EPKIT_STAGE(p, kStOffsetsDone);
-  const bool tagged = tagged_messages<false, kP2P>(p);  // the words are their own arrival: no counter
   const uint64_t* recv_ctr = sym_at<uint64_t>(p, p.off_dispatch_recv_ctr);
-  for (int s = my_src; !tagged && s >= 0 && s < W; s += blockDim.x)
+  for (int s = my_src; s >= 0 && s < W; s += blockDim.x)
     if (!(direct_self && s == me))  // our own slices are counted before this kernel ends, read by nobody
       ok &= wait_flag(p, recv_ctr + s, (s == my_src ? my_base : p.recv_base[s]) +
                       static_cast<uint64_t>(sm.nmsg[s]) * nsd, Cmp::kGe,
@@ -644,15 +492,11 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
   const int q0 = units <= nw ? warp * gridDim.x + blockIdx.x : blockIdx.x * kWarps + warp;
   // Per entry, a warp has at most one unit: its entry is k = q0 / (total * nsd).
   const int kq = kx == 1 ? 0 : q0 / (total * nsd);
-  if (tagged) {
-    copy_tagged(p, io, seq, sm, q0, units, nw, kx, kq);
-    return;
-  }
   for (int q = q0; q < units; q += nw) {
     const int qs = kx == 1 ? q : q - kq * total * nsd;
     const int qm = qs / nsd, sl = qs % nsd;
     const int s = source_of_message(sm.msg_off, W, qm), j = qm - sm.msg_off[s];
-    const uint8_t* msg = recv + (static_cast<size_t>(s) * S + j) * p.msg_stride;
+    const uint8_t* msg = recv + (static_cast<size_t>(s) * S + j) * p.msg_bytes;
     const int32_t* hdr = reinterpret_cast<const int32_t*>(msg);
     // Issue the slice's loads first; the header is small and read while they are in flight.
     const int4* pl = reinterpret_cast<const int4*>(msg + p.payload_offset);

@@ -130,9 +130,8 @@ struct CommParams {
   int all_p2p;           // 1: every rank's base is P2P-mapped (no put-with-signal anywhere)
   uint32_t rank_div;     // expert_rank_div(L): e / L as one multiply (expert_rank)
   int combine_row_bytes; // stride of combine_recv's rows (SymmetricLayout::combine_row_bytes)
-  int msg_stride;        // stride of dispatch_recv's slots (SymmetricLayout::dispatch_msg_stride)
-  int tagged;            // 1: messages and partials travel as tagged words (layout.hpp, kTaggedMaxTokens);
-                         // only set where every rank has every peer P2P-mapped, so only the small P2P
+  int tagged_partials;   // 1: combine's partials travel as tagged words (kTaggedPartialMaxTokens); only
+                         // set where every rank has every peer P2P-mapped, so only the small P2P
                          // variants (which every call of such an object takes) read it
 };
 static_assert(offsetof(CommParams, recv_map) == 48 && offsetof(CommParams, wave_units_mul) == 104,
