@@ -243,9 +243,6 @@ AllToAll::AllToAll(const Communicator& comm, const AllToAllConfig& cfg_in) : imp
     comm.allgather(&mine, sizeof(mine), all.data());
     bool every = true;
     for (int32_t v : all) every = every && v != 0;
-#ifdef EPKIT_AB_FLAGGED_PARTIALS
-    every = false;
-#endif
     p.tagged_partials = every && p.combine_row_bytes == 2 * p.out_row_bytes ? 1 : 0;
     EPKIT_CHECK(!p.tagged_partials || !kernels::large_capable(p), "tagged partials on an object of ",
                 p.max_msgs_per_src, " messages per source (the large variant does not read them)");
