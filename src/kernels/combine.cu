@@ -412,7 +412,6 @@ __device__ __forceinline__ void recv_flagged(const CommParams& p, const CombineI
       if (c < chunks) st16(out + static_cast<size_t>(t) * H + c * 8, Vec8<Tout>::pack(acc[qq]));
     }
   }
-
 }
 
 // The token side with tagged partials (layout.hpp): one warp per (token, slice) reads each
