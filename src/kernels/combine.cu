@@ -342,10 +342,14 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
   }
 }
 
-// The token side with arrival flags: one warp per (token, slice) waits for the flag of each rank
-// it dispatched to, then sums their partials two ranks at a time.
-template <typename Tout>
-__device__ __forceinline__ void recv_flagged(const CommParams& p, const CombineIO& io, uint64_t seq, int m) {
+// The token side: one warp per (token, slice) sums the partials of each rank it dispatched to.
+// With arrival flags it waits for each rank's flag, then loads the partials two ranks at a time.
+// kTagged (tagged partials, layout.hpp): it reads each rank's words as they land, one rank at a time
+// (both ranks' tagged words in flight at once spilled 500 bytes); a lane whose chunks have not all
+// landed waits for them out of line and loads them again, so that nothing loaded is live across
+// the call.
+template <typename Tout, bool kTagged>
+__device__ __forceinline__ void recv_partials(const CommParams& p, const CombineIO& io, uint64_t seq, int m) {
   const int K = p.topk, M = p.max_tokens, H = p.hidden;
   const int nsc = p.combine_slices;
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
@@ -367,115 +371,88 @@ __device__ __forceinline__ void recv_flagged(const CommParams& p, const CombineI
     const unsigned same = __match_any_sync(0xffffffffu, r);
     const bool first = e >= 0 && (same & ((1u << lane) - 1)) == 0;
     bool ok = true;
-    if (first)
-      ok = wait_flag(p, flags + (static_cast<size_t>(r) * M + t) * nsc + sl, seq, Cmp::kEq, kPhaseCombineRecv,
-                     kWaitPartial, r, t, seq);
-    if (!__all_sync(0xffffffffu, ok)) break;
+    if constexpr (!kTagged) {
+      if (first)
+        ok = wait_flag(p, flags + (static_cast<size_t>(r) * M + t) * nsc + sl, seq, Cmp::kEq, kPhaseCombineRecv,
+                       kWaitPartial, r, t, seq);
+      if (!__all_sync(0xffffffffu, ok)) break;
+    }
     const unsigned dmask = __ballot_sync(0xffffffffu, first);
     float acc[kUnroll][8];
 #pragma unroll
     for (int qq = 0; qq < kUnroll; ++qq)
 #pragma unroll
       for (int i = 0; i < 8; ++i) acc[qq][i] = 0.f;
-    // The partials, two ranks at a time.
-    for (unsigned km = dmask; km;) {
-      int ka, kb;
-      take_pair(km, ka, kb);
-      const int ra = __shfl_sync(0xffffffffu, r, ka), rb = __shfl_sync(0xffffffffu, r, kb < 0 ? ka : kb);
-      const uint8_t* row_a = partials + (static_cast<size_t>(ra) * M + t) * row_stride;
-      const uint8_t* row_b = partials + (static_cast<size_t>(rb) * M + t) * row_stride;
-      int4 va[kUnroll], vb[kUnroll];
+    if constexpr (kTagged) {
+      // This lane's chunks of the slice: sl * kSliceChunks + qq * 32 + lane < chunks.
+      const int c0 = sl * kSliceChunks + lane;
+      const int n = c0 < chunks ? min(kUnroll, (chunks - c0 + kWarpSize - 1) / kWarpSize) : 0;
+      for (unsigned km = dmask; km; km &= km - 1) {
+        const int rr = __shfl_sync(0xffffffffu, r, __ffs(km) - 1);
+        const uint8_t* row = partials + (static_cast<size_t>(rr) * M + t) * row_stride + static_cast<size_t>(c0) * 32;
+        TaggedChunk tc[kUnroll];
 #pragma unroll
-      for (int qq = 0; qq < kUnroll; ++qq) {
-        const int c = sl * kSliceChunks + qq * kWarpSize + lane;
-        if (c < chunks) {
-          va[qq] = ld_cg16(row_a + static_cast<size_t>(c) * 16);
-          if (kb >= 0) vb[qq] = ld_cg16(row_b + static_cast<size_t>(c) * 16);
+        for (int qq = 0; qq < kUnroll; ++qq)
+          if (qq < n) tc[qq].load(row + static_cast<size_t>(qq) * kWarpSize * 32);
+        bool ready = true;
+#pragma unroll
+        for (int qq = 0; qq < kUnroll; ++qq)
+          if (qq < n) ready = ready && tc[qq].ready(seq);
+        if (!ready) {
+          ok = ok && wait_tagged_chunks(p, row, kWarpSize * 32, n, seq, kPhaseCombineRecv, kWaitPartial, rr, t);
+#pragma unroll
+          for (int qq = 0; qq < kUnroll; ++qq)
+            if (qq < n) tc[qq].load(row + static_cast<size_t>(qq) * kWarpSize * 32);
         }
-      }
 #pragma unroll
-      for (int qq = 0; qq < kUnroll; ++qq) {
-        float f[8];
-        Vec8<Tout>::unpack(va[qq], f);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) acc[qq][i] += f[i];
-        if (kb >= 0) {
-          Vec8<Tout>::unpack(vb[qq], f);
+        for (int qq = 0; qq < kUnroll; ++qq) {
+          if (qq >= n) continue;
+          float f[8];
+          Vec8<Tout>::unpack(tc[qq].value(), f);
 #pragma unroll
           for (int i = 0; i < 8; ++i) acc[qq][i] += f[i];
         }
       }
-    }
-#pragma unroll
-    for (int qq = 0; qq < kUnroll; ++qq) {
-      const int c = sl * kSliceChunks + qq * kWarpSize + lane;
-      if (c < chunks) st16(out + static_cast<size_t>(t) * H + c * 8, Vec8<Tout>::pack(acc[qq]));
-    }
-  }
-}
-
-// The token side with tagged partials (layout.hpp): one warp per (token, slice) reads each
-// rank's partial words as they land, one rank at a time (both ranks' tagged words in flight at
-// once spilled 500 bytes). A lane whose chunks have not all landed waits for them out of line and
-// loads them again, so that nothing loaded is live across the call.
-template <typename Tout>
-__device__ __forceinline__ void recv_tagged(const CommParams& p, const CombineIO& io, uint64_t seq, int m) {
-  const int K = p.topk, M = p.max_tokens, H = p.hidden;
-  const int nsc = p.combine_slices;
-  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
-  const int gw = blockIdx.x * kWarps + warp, nw = gridDim.x * kWarps;
-  const uint8_t* partials = sym_at<uint8_t>(p, p.off_combine_recv);
-  const size_t row_stride = p.combine_row_bytes;
-  const int chunks = H / 8;
-  Tout* out = static_cast<Tout*>(io.out);
-  const int q0 = m * nsc <= nw ? warp * gridDim.x + blockIdx.x : gw;
-  for (int q = q0; q < m * nsc; q += nw) {
-    const int t = q / nsc, sl = q % nsc;
-    const int e = lane < K ? read_expert(p, io.topk_idx, io.idx_type, static_cast<int64_t>(t) * K + lane,
-                                         kPhaseCombineRecv, t, seq, false)
-                           : -1;
-    const int r = e >= 0 ? expert_rank(e, p.rank_div) : -1;
-    const unsigned same = __match_any_sync(0xffffffffu, r);
-    const unsigned dmask = __ballot_sync(0xffffffffu, e >= 0 && (same & ((1u << lane) - 1)) == 0);
-    // This lane's chunks of the slice: sl * kSliceChunks + qq * 32 + lane < chunks.
-    const int c0 = sl * kSliceChunks + lane;
-    const int n = c0 < chunks ? min(kUnroll, (chunks - c0 + kWarpSize - 1) / kWarpSize) : 0;
-    float acc[kUnroll][8];
-#pragma unroll
-    for (int qq = 0; qq < kUnroll; ++qq)
-#pragma unroll
-      for (int i = 0; i < 8; ++i) acc[qq][i] = 0.f;
-    bool ok = true;
-    for (unsigned km = dmask; km; km &= km - 1) {
-      const int rr = __shfl_sync(0xffffffffu, r, __ffs(km) - 1);
-      const uint8_t* row = partials + (static_cast<size_t>(rr) * M + t) * row_stride + static_cast<size_t>(c0) * 32;
-      TaggedChunk tc[kUnroll];
+      if (!__all_sync(0xffffffffu, ok)) break;  // a partial that never came (recorded): the layer fails
 #pragma unroll
       for (int qq = 0; qq < kUnroll; ++qq)
-        if (qq < n) tc[qq].load(row + static_cast<size_t>(qq) * kWarpSize * 32);
-      bool ready = true;
+        if (qq < n) st16(out + static_cast<size_t>(t) * H + static_cast<size_t>(c0 + qq * kWarpSize) * 8, Vec8<Tout>::pack(acc[qq]));
+    } else {
+      // The partials, two ranks at a time.
+      for (unsigned km = dmask; km;) {
+        int ka, kb;
+        take_pair(km, ka, kb);
+        const int ra = __shfl_sync(0xffffffffu, r, ka), rb = __shfl_sync(0xffffffffu, r, kb < 0 ? ka : kb);
+        const uint8_t* row_a = partials + (static_cast<size_t>(ra) * M + t) * row_stride;
+        const uint8_t* row_b = partials + (static_cast<size_t>(rb) * M + t) * row_stride;
+        int4 va[kUnroll], vb[kUnroll];
 #pragma unroll
-      for (int qq = 0; qq < kUnroll; ++qq)
-        if (qq < n) ready = ready && tc[qq].ready(seq);
-      if (!ready) {
-        ok = ok && wait_tagged_chunks(p, row, kWarpSize * 32, n, seq, kPhaseCombineRecv, kWaitPartial, rr, t);
+        for (int qq = 0; qq < kUnroll; ++qq) {
+          const int c = sl * kSliceChunks + qq * kWarpSize + lane;
+          if (c < chunks) {
+            va[qq] = ld_cg16(row_a + static_cast<size_t>(c) * 16);
+            if (kb >= 0) vb[qq] = ld_cg16(row_b + static_cast<size_t>(c) * 16);
+          }
+        }
 #pragma unroll
-        for (int qq = 0; qq < kUnroll; ++qq)
-          if (qq < n) tc[qq].load(row + static_cast<size_t>(qq) * kWarpSize * 32);
+        for (int qq = 0; qq < kUnroll; ++qq) {
+          float f[8];
+          Vec8<Tout>::unpack(va[qq], f);
+#pragma unroll
+          for (int i = 0; i < 8; ++i) acc[qq][i] += f[i];
+          if (kb >= 0) {
+            Vec8<Tout>::unpack(vb[qq], f);
+#pragma unroll
+            for (int i = 0; i < 8; ++i) acc[qq][i] += f[i];
+          }
+        }
       }
 #pragma unroll
       for (int qq = 0; qq < kUnroll; ++qq) {
-        if (qq >= n) continue;
-        float f[8];
-        Vec8<Tout>::unpack(tc[qq].value(), f);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) acc[qq][i] += f[i];
+        const int c = sl * kSliceChunks + qq * kWarpSize + lane;
+        if (c < chunks) st16(out + static_cast<size_t>(t) * H + c * 8, Vec8<Tout>::pack(acc[qq]));
       }
     }
-    if (!__all_sync(0xffffffffu, ok)) break;  // a partial that never came (recorded): the layer fails
-#pragma unroll
-    for (int qq = 0; qq < kUnroll; ++qq)
-      if (qq < n) st16(out + static_cast<size_t>(t) * H + static_cast<size_t>(c0 + qq * kWarpSize) * 8, Vec8<Tout>::pack(acc[qq]));
   }
 }
 
@@ -485,9 +462,9 @@ __device__ void combine_recv(const CommParams& p, const CombineIO& io, uint64_t 
   const int W = p.world_size;
   const int m = resolve_num_tokens(p, io.m, kPhaseCombineRecv, seq, false);
   if (kTaggable && p.tagged_partials)
-    recv_tagged<Tout>(p, io, seq, m);
+    recv_partials<Tout, true>(p, io, seq, m);
   else
-    recv_flagged<Tout>(p, io, seq, m);
+    recv_partials<Tout, false>(p, io, seq, m);
 
   EPKIT_STAGE(p, kStTokensSummed);
   // The only global barrier: every peer has entered combine (so is done with its dispatch buffers).

@@ -235,6 +235,8 @@ struct TaggedChunk {
 // words; false on timeout or abort, as wait_flag. Out of line, like wait_flag_slow, and the caller
 // reloads the chunks after it (nothing loaded stays live across the call): at decode the reader's
 // first load usually comes before the data, and the spin stays out of the hot loop's code.
+// Its own bounded loop, not wait_flag_slow per word: that nested call raised the P2P combine
+// kernel's spills from 16 to 72 bytes (ptxas, CUDA 13.0), in code every decode call runs.
 static __device__ __noinline__ bool wait_tagged_chunks(const CommParams& p, const uint8_t* src, size_t stride, int n,
                                                        uint64_t seq, int32_t phase, int32_t what, int32_t peer,
                                                        int32_t token) {
