@@ -116,7 +116,9 @@ class MoELayer {
   // Owns its AllToAll (two under kMicrobatch), allocated collectively over comm's ranks.
   MoELayer(const Communicator& comm, const MoELayerConfig& cfg, const MoELayerWeights& weights);
   // Borrows the caller's AllToAll objects (one, or two for kMicrobatch: several layers then share
-  // one set of symmetric buffers, as the seed does). Their configs must equal all_to_all_config().
+  // one set of symmetric buffers, as the seed does). Their configs must equal all_to_all_config(),
+  // except weights_at_dispatch, which the layer follows (all_to_all_config() sets it: the router's
+  // weights then travel with dispatch and combine exchanges none).
   MoELayer(const std::vector<AllToAll*>& a2a, const MoELayerConfig& cfg, const MoELayerWeights& weights);
   ~MoELayer();
   MoELayer(const MoELayer&) = delete;

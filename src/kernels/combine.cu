@@ -238,6 +238,20 @@ __device__ __forceinline__ void send_partials(const CommParams& p, const Combine
   }
 }
 
+// The global barrier's flag (= seq) at every peer, one lane per peer: "this rank has entered
+// combine, so it is done with its dispatch buffers" (docs/ARCHITECTURE.md, buffer reuse).
+template <bool kP2P>
+__device__ __forceinline__ void signal_combine_entered(const CommParams& p, uint64_t seq) {
+  const int me = p.rank;
+  for (int d = threadIdx.x % kWarpSize; d < p.world_size; d += kWarpSize) {
+    if (uint8_t* pb = peer_at<kP2P>(p, d)) {
+      st_release_sys(reinterpret_cast<uint64_t*>(pb + p.off_barrier_flag) + me, seq);
+    } else {
+      signal_remote(sym_at<uint64_t>(p, p.off_barrier_flag) + me, seq, NVSHMEM_SIGNAL_SET, d);
+    }
+  }
+}
+
 // kLarge: compiled with the large-call paths (see kLargeCallTokens): messages taken
 // source-interleaved and arrival flags raised kFlagBatch slices at a time.
 // kP2P: every rank P2P-mapped (KernelVariant::kSmallP2P), the portable branches compiled out.
@@ -250,6 +264,22 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
   CombineSmem sm{smem, smem + W};
 
   EPKIT_STAGE(p, kStCombineStart);
+  // The messages received from each source, loaded before anything is stored: the weights' stores
+  // below are asm volatile with a memory clobber, so a load written after them waits for them (one
+  // more dependent round trip before the barrier that ends this prologue).
+#ifndef EPKIT_AB_LATE_NMSG
+  const int my_nmsg = static_cast<int>(threadIdx.x) < W ? p.num_msgs[threadIdx.x] : 0;
+#endif
+  // This rank no longer reads its dispatch buffers: dispatch_recv, the only reader of what a peer's
+  // next dispatch_send writes (messages, counts, arrival counters), ran in an earlier kernel of this
+  // stream, which griddepcontrol.wait has seen complete. So every peer is told now, by a warp with
+  // nothing else to do at this point, and the release finds no store of this kernel to wait for. The
+  // token side waits for all of these flags before returning, so nobody starts the next dispatch
+  // early. Raised after the partials, its release waited for the warp's partial stores to complete,
+  // and that warp then took its token-side unit.
+#ifndef EPKIT_AB_LATE_BARRIER
+  if (blockIdx.x == 0 && warp == kWarps - 1) signal_combine_entered<kP2P>(p, seq);
+#endif
   // Router weights of our own tokens to every rank we dispatched them to, into the same slot, as
   // tagged words (device_common.cuh): a P2P receiver reads each as it lands, with no counter and no
   // release; a portable one after its put's signal.
@@ -294,7 +324,11 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
   // dispatch. P2P sources' weights are read below, each as it lands.
   const uint64_t* wctr = sym_at<uint64_t>(p, p.off_weights_recv_ctr);
   for (int s = threadIdx.x; s < W; s += blockDim.x) {
+#ifndef EPKIT_AB_LATE_NMSG
+    sm.nmsg[s] = s == static_cast<int>(threadIdx.x) ? my_nmsg : p.num_msgs[s];
+#else
     sm.nmsg[s] = p.num_msgs[s];
+#endif
     if (!p.weights_at_dispatch && peer_at<kP2P>(p, s) == nullptr)
       wait_flag(p, wctr + s, p.weights_base[s] + sm.nmsg[s], Cmp::kGe, kPhaseCombineSend, kWaitWeights, s, -1, seq);
   }
@@ -328,18 +362,9 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
     send_partials<1, Tin, Tout, kLarge, kP2P>(p, io, seq, sm, flags);
   }
   if constexpr (kLarge) flags.flush(lane, D, seq);
-  // This rank no longer reads its dispatch buffers: tell every peer. The token side waits for all
-  // of these before returning, so nobody starts the next dispatch early. Sent last, off the
-  // critical path: a peer needs it only after it has our partials, which go first anyway.
-  if (blockIdx.x == 0 && warp == 0) {
-    for (int d = lane; d < W; d += kWarpSize) {
-      if (uint8_t* pb = peer_at<kP2P>(p, d)) {
-        st_release_sys(reinterpret_cast<uint64_t*>(pb + p.off_barrier_flag) + me, seq);
-      } else {
-        signal_remote(sym_at<uint64_t>(p, p.off_barrier_flag) + me, seq, NVSHMEM_SIGNAL_SET, d);
-      }
-    }
-  }
+#ifdef EPKIT_AB_LATE_BARRIER
+  if (blockIdx.x == 0 && warp == 0) signal_combine_entered<kP2P>(p, seq);
+#endif
 }
 
 // The token side: one warp per (token, slice) sums the partials of each rank it dispatched to.

@@ -68,6 +68,10 @@ AllToAllConfig all_to_all_config(const MoELayerConfig& c, int half_tokens) {
   a.combine_out_dtype = DType::kBF16;
   a.layout = c.layout;
   a.timeout_ms = c.timeout_ms;
+  // The router's weights exist before dispatch, so they travel in its messages and combine
+  // exchanges none: at W >= 2 that takes a round of tagged words between the ranks (each rank's
+  // weights to every rank it dispatched to, waited for before the first partial) off combine.
+  a.weights_at_dispatch = true;
   return a;
 }
 

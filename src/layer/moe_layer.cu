@@ -6,6 +6,8 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 #include <utility>
 
 #include "epkit/error.hpp"
@@ -140,6 +142,10 @@ void MoELayer::Impl::build(const std::vector<AllToAll*>& borrowed, const Communi
   halves = cfg.schedule == MoESchedule::kMicrobatch ? 2 : 1;
   split = microbatch_split(cfg);
   acfg = all_to_all_config(cfg, split);
+#ifndef EPKIT_AB_NO_LAYER_AB  // A/B of this session only: the layer's weights at combine, as before
+  if (const char* e = std::getenv("EPKIT_AB_LAYER_WEIGHTS_AT_COMBINE"); e && std::string(e) == "1")
+    acfg.weights_at_dispatch = false;
+#endif
   L = num_local_experts(cfg);
   if (comm) {
     for (int h = 0; h < halves; ++h) owned.push_back(std::make_unique<AllToAll>(*comm, acfg));
@@ -149,6 +155,8 @@ void MoELayer::Impl::build(const std::vector<AllToAll*>& borrowed, const Communi
                 " needs ", halves, " AllToAll object(s), got ", borrowed.size());
     for (int h = 0; h < halves; ++h) {
       EPKIT_CHECK(borrowed[h] != nullptr, "MoELayer: AllToAll ", h, " is null");
+      // Where the router weights go is the object's choice: the layer follows it (both halves alike).
+      acfg.weights_at_dispatch = borrowed[0]->config().weights_at_dispatch;
       const auto want = agreement_fields(acfg), have = agreement_fields(borrowed[h]->config());
       for (size_t i = 0; i < want.size(); ++i)
         EPKIT_CHECK(i < have.size() && want[i] == have[i], "MoELayer: borrowed AllToAll ", h, " has ", want[i].first,
@@ -308,6 +316,7 @@ DispatchArgs MoELayer::Impl::dispatch_args(const Half& hf) const {
   d.expert_x_scale = expert_tensor(hf, hf.exs, DType::kFP32, H / 128);
   d.expert_num_tokens = Tensor(hf.cnt, DType::kInt32, {L});
   if (cfg.layout == ExpertLayout::kPacked) d.expert_offsets = Tensor(hf.offs, DType::kInt32, {L + 1});
+  if (acfg.weights_at_dispatch) d.topk_weights = Tensor(hf.topw, DType::kFP32, {rows, K});
   return d;
 }
 
@@ -317,7 +326,7 @@ CombineArgs MoELayer::Impl::combine_args(const Half& hf) const {
   CombineArgs c;
   c.expert_y = expert_tensor(hf, hf.ey, DType::kBF16, H);
   c.topk_idx = Tensor(hf.idx, DType::kInt32, {rows, K});
-  c.topk_weights = Tensor(hf.topw, DType::kFP32, {rows, K});
+  if (!acfg.weights_at_dispatch) c.topk_weights = Tensor(hf.topw, DType::kFP32, {rows, K});
   set_tokens(hf, c.num_tokens, c.num_tokens_device);
   c.out = hf.out;
   return c;

@@ -75,6 +75,7 @@ TEST(MoELayerConfig, DerivedConfigs) {
   EXPECT_EQ(a.experts_per_token, 8);
   EXPECT_EQ(a.dispatch_dtype, DType::kFP8E4M3);
   EXPECT_EQ(a.combine_in_dtype, DType::kBF16);
+  EXPECT_TRUE(a.weights_at_dispatch);  // the router's weights exist before dispatch
   EXPECT_EQ(a.world_size, 8);
   EXPECT_EQ(a.rank, 7);
   const moe::RouterConfig r = router_config(c);
