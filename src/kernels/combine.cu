@@ -264,12 +264,6 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
   CombineSmem sm{smem, smem + W};
 
   EPKIT_STAGE(p, kStCombineStart);
-  // The messages received from each source, loaded before anything is stored: the weights' stores
-  // below are asm volatile with a memory clobber, so a load written after them waits for them (one
-  // more dependent round trip before the barrier that ends this prologue).
-#ifndef EPKIT_AB_LATE_NMSG
-  const int my_nmsg = static_cast<int>(threadIdx.x) < W ? p.num_msgs[threadIdx.x] : 0;
-#endif
   // This rank no longer reads its dispatch buffers: dispatch_recv, the only reader of what a peer's
   // next dispatch_send writes (messages, counts, arrival counters), ran in an earlier kernel of this
   // stream, which griddepcontrol.wait has seen complete. So every peer is told now, by a warp with
@@ -277,9 +271,7 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
   // token side waits for all of these flags before returning, so nobody starts the next dispatch
   // early. Raised after the partials, its release waited for the warp's partial stores to complete,
   // and that warp then took its token-side unit.
-#ifndef EPKIT_AB_LATE_BARRIER
   if (blockIdx.x == 0 && warp == kWarps - 1) signal_combine_entered<kP2P>(p, seq);
-#endif
   // Router weights of our own tokens to every rank we dispatched them to, into the same slot, as
   // tagged words (device_common.cuh): a P2P receiver reads each as it lands, with no counter and no
   // release; a portable one after its put's signal.
@@ -324,11 +316,7 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
   // dispatch. P2P sources' weights are read below, each as it lands.
   const uint64_t* wctr = sym_at<uint64_t>(p, p.off_weights_recv_ctr);
   for (int s = threadIdx.x; s < W; s += blockDim.x) {
-#ifndef EPKIT_AB_LATE_NMSG
-    sm.nmsg[s] = s == static_cast<int>(threadIdx.x) ? my_nmsg : p.num_msgs[s];
-#else
     sm.nmsg[s] = p.num_msgs[s];
-#endif
     if (!p.weights_at_dispatch && peer_at<kP2P>(p, s) == nullptr)
       wait_flag(p, wctr + s, p.weights_base[s] + sm.nmsg[s], Cmp::kGe, kPhaseCombineSend, kWaitWeights, s, -1, seq);
   }
@@ -362,9 +350,6 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
     send_partials<1, Tin, Tout, kLarge, kP2P>(p, io, seq, sm, flags);
   }
   if constexpr (kLarge) flags.flush(lane, D, seq);
-#ifdef EPKIT_AB_LATE_BARRIER
-  if (blockIdx.x == 0 && warp == 0) signal_combine_entered<kP2P>(p, seq);
-#endif
 }
 
 // The token side: one warp per (token, slice) sums the partials of each rank it dispatched to.
@@ -384,8 +369,14 @@ __device__ __forceinline__ void recv_partials(const CommParams& p, const Combine
   const size_t row_stride = p.combine_row_bytes;
   const int chunks = H / 8;
   Tout* out = static_cast<Tout*>(io.out);
-  // One (token, slice) per block first when they fit one wave, as in send_partials.
+  // One (token, slice) per block first when they fit one wave, as in send_partials, and from the
+  // block's last warp down: send_partials' groups take the first warps, so in a fused call the
+  // token side's loads (its indices, its first polls) go out while those warps still sum and store.
+#ifndef EPKIT_AB_TOKEN_AFTER_SEND
+  const int q0 = m * nsc <= nw ? (kWarps - 1 - warp) * gridDim.x + blockIdx.x : gw;
+#else
   const int q0 = m * nsc <= nw ? warp * gridDim.x + blockIdx.x : gw;
+#endif
 
   for (int q = q0; q < m * nsc; q += nw) {
     const int t = q / nsc, sl = q % nsc;

@@ -6,8 +6,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cstdlib>
-#include <string>
 #include <utility>
 
 #include "epkit/error.hpp"
@@ -142,10 +140,6 @@ void MoELayer::Impl::build(const std::vector<AllToAll*>& borrowed, const Communi
   halves = cfg.schedule == MoESchedule::kMicrobatch ? 2 : 1;
   split = microbatch_split(cfg);
   acfg = all_to_all_config(cfg, split);
-#ifndef EPKIT_AB_NO_LAYER_AB  // A/B of this session only: the layer's weights at combine, as before
-  if (const char* e = std::getenv("EPKIT_AB_LAYER_WEIGHTS_AT_COMBINE"); e && std::string(e) == "1")
-    acfg.weights_at_dispatch = false;
-#endif
   L = num_local_experts(cfg);
   if (comm) {
     for (int h = 0; h < halves; ++h) owned.push_back(std::make_unique<AllToAll>(*comm, acfg));

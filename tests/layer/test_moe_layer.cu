@@ -13,10 +13,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "epkit/all_to_all.hpp"
 #include "epkit/moe/reference.hpp"
 #include "epkit/moe/reference_layer.hpp"
 #include "epkit/moe_layer.hpp"
@@ -255,19 +257,37 @@ std::vector<uint16_t> group_tokens(const MoELayerConfig& c, int rows, uint64_t s
 }
 
 // One layer object, checked for host m in `host_ms`, then inside one captured graph (device m)
-// replayed for every m in `graph_ms`.
-void run_case(MoESchedule sched, ExpertLayout layout, float skew, uint64_t case_id, bool shared_concurrent = true) {
+// replayed for every m in `graph_ms`. borrowed_wad >= 0: the layer borrows AllToAll objects of
+// all_to_all_config() with weights_at_dispatch = borrowed_wad (the layer follows their choice),
+// else it owns its own.
+void run_case(MoESchedule sched, ExpertLayout layout, float skew, uint64_t case_id, bool shared_concurrent = true,
+              int borrowed_wad = -1) {
   MoELayerConfig cfg = base_config(sched, layout);
   cfg.shared_concurrent = shared_concurrent;
   const std::string what = std::string("schedule ") + schedule_name(sched) + ", layout " + layout_name(layout) +
                            (shared_concurrent ? "" : ", shared expert in stream order") +
                            ", W " + std::to_string(cfg.world_size) + ", dp " + std::to_string(cfg.dp_size) +
-                           (skew > 0 ? ", skewed routing" : "");
+                           (skew > 0 ? ", skewed routing" : "") +
+                           (borrowed_wad < 0 ? ""
+                                             : ", borrowed objects with weights_at_dispatch = " +
+                                                   std::to_string(borrowed_wad));
   const uint64_t seed = case_seed(case_id);
   const Model md = make_model(cfg, seed, skew);
   DeviceModel dm;
   make_device_model(md, dm);
-  MoELayer layer(comm(), cfg, dm.views);
+  std::vector<std::unique_ptr<AllToAll>> objects;
+  std::vector<AllToAll*> borrowed;
+  if (borrowed_wad >= 0) {
+    AllToAllConfig a = all_to_all_config(cfg, microbatch_split(cfg));
+    a.weights_at_dispatch = borrowed_wad == 1;
+    for (int h = 0; h < (sched == MoESchedule::kMicrobatch ? 2 : 1); ++h) {
+      objects.push_back(std::make_unique<AllToAll>(comm(), a));
+      borrowed.push_back(objects.back().get());
+    }
+  }
+  std::unique_ptr<MoELayer> owner = borrowed_wad >= 0 ? std::make_unique<MoELayer>(borrowed, cfg, dm.views)
+                                                      : std::make_unique<MoELayer>(comm(), cfg, dm.views);
+  MoELayer& layer = *owner;
   const int M = cfg.max_tokens_per_rank;
   const std::vector<uint16_t> x = group_tokens(cfg, M, seed);
   DeviceBuffer xd = upload(x.data(), x.size()), out(static_cast<size_t>(M) * cfg.hidden * 2), mdev(4);
@@ -369,6 +389,30 @@ INSTANTIATE_TEST_SUITE_P(Schedules, MoELayerTest,
 // it on a branch of its own, covered above).
 TEST(MoELayerSharedInStream, MatchesReference) {
   run_case(MoESchedule::kNone, ExpertLayout::kMasked, 0.f, 300, false);
+}
+
+// Borrowed AllToAll objects (one set of symmetric buffers for several layers): the layer sends the
+// router weights where the objects take them, with dispatch (all_to_all_config's choice) or with
+// combine. Two halves under kMicrobatch, so both objects are used.
+TEST(MoELayerBorrowed, FollowsTheObjectsWeightsChoice) {
+  if (g_deepseek) GTEST_SKIP() << "covered by the small shapes";
+  for (int wad : {1, 0}) run_case(MoESchedule::kMicrobatch, ExpertLayout::kMasked, 0.f, 400 + wad, true, wad);
+}
+
+TEST(MoELayerBorrowed, MismatchedObjectRejected) {
+  const MoELayerConfig c = base_config(MoESchedule::kNone, ExpertLayout::kMasked);
+  AllToAllConfig a = all_to_all_config(c, microbatch_split(c));
+  a.max_tokens_per_rank += 1;
+  AllToAll obj(comm(), a);
+  Model md = make_model(c, 2, 0.f);
+  DeviceModel dm;
+  make_device_model(md, dm);
+  try {
+    MoELayer layer(std::vector<AllToAll*>{&obj}, c, dm.views);
+    ADD_FAILURE() << "an AllToAll of another max_tokens_per_rank was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("max_tokens_per_rank"), std::string::npos) << e.what();
+  }
 }
 
 TEST(MoELayerConfigChecks, BadConfigRejectedBeforeLaunch) {
