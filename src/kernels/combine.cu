@@ -369,14 +369,10 @@ __device__ __forceinline__ void recv_partials(const CommParams& p, const Combine
   const size_t row_stride = p.combine_row_bytes;
   const int chunks = H / 8;
   Tout* out = static_cast<Tout*>(io.out);
-  // One (token, slice) per block first when they fit one wave, as in send_partials, and from the
-  // block's last warp down: send_partials' groups take the first warps, so in a fused call the
-  // token side's loads (its indices, its first polls) go out while those warps still sum and store.
-#ifndef EPKIT_AB_TOKEN_AFTER_SEND
-  const int q0 = m * nsc <= nw ? (kWarps - 1 - warp) * gridDim.x + blockIdx.x : gw;
-#else
+  // One (token, slice) per block first when they fit one wave, as in send_partials. (Taken from each
+  // block's last warp down, on warps the send groups leave free, they gained nothing at 1-4 tokens
+  // and lost 0.3-0.4 us at 128: session 19.)
   const int q0 = m * nsc <= nw ? warp * gridDim.x + blockIdx.x : gw;
-#endif
 
   for (int q = q0; q < m * nsc; q += nw) {
     const int t = q / nsc, sl = q % nsc;
