@@ -48,6 +48,9 @@ class Communicator {
   // All-gathers n bytes from every rank into out[world_size * n] (host memory). Collective.
   void allgather(const void* data, size_t n, void* out) const;
 
+  // Whether this rank reaches rank r's symmetric heap with plain loads and stores (NVLink or PCIe
+  // peer access, or the same GPU: nvshmem_ptr is non-null). The same for every symmetric allocation.
+  bool maps_peer(int r) const;
   // Symmetric-heap helpers (collective; same size on every rank). Throws on failure.
   void* symmetric_malloc(size_t bytes) const;
   void symmetric_free(void* ptr) const;

@@ -20,7 +20,7 @@ inline constexpr size_t kSliceBytes = 2048;
 // as it lands, with no release, flag or barrier between the partial's stores and its sum. That takes
 // twice the bytes, so combine_recv's rows of these objects are 2 x H x sizeof(out dtype) apart.
 // The kernels use it only where every rank of the object has every peer P2P-mapped
-// (CommParams::tagged_partials, agreed at creation).
+// (CommParams::tagged_partials, agreed at creation); other objects' rows keep the single width.
 inline constexpr int kTaggedPartialMaxTokens = 256;
 
 // Most blocks a kernel grid takes (one per SM; H200 has 132). The host clamps grids to it, and the
@@ -61,14 +61,17 @@ struct SymmetricLayout {
   size_t weights_stage = 0;      // [ceil(M/D)][K] uint64 staging for the portable path
   size_t weights_recv_ctr = 0;   // [W] uint64: weight rows landed from each portable source, cumulative
   size_t combine_recv = 0;       // [W][M] rows of combine_row_bytes: one partial per (source rank, token)
-  size_t combine_row_bytes = 0;  // H x sizeof(out dtype), twice that for M <= kTaggedPartialMaxTokens
+  size_t combine_row_bytes = 0;  // H x sizeof(out dtype), twice that for M <= kTaggedPartialMaxTokens (P2P)
   size_t combine_stage = 0;      // [W * ceil(M/D)][H] out dtype: partial staging for the portable path
   size_t combine_slices = 0;     // ceil(H * sizeof(out dtype) / kSliceBytes)
   size_t combine_flag = 0;       // [W][M][combine_slices] uint64: seq of the call whose partial slice landed
   size_t barrier_flag = 0;       // [W] uint64: seq of the call each peer has entered combine with
   size_t total_bytes = 0;
 
-  static SymmetricLayout make(const AllToAllConfig& cfg);
+  // every_rank_p2p: whether every rank of the object maps every peer's symmetric heap (AllToAll
+  // agrees on it at creation, before allocating); with DataPath::kPortable it is taken as false.
+  // Only then do decode objects' combine_recv rows get room for tagged words.
+  static SymmetricLayout make(const AllToAllConfig& cfg, bool every_rank_p2p = true);
 };
 
 // Local (per-rank, non-symmetric) device workspace.

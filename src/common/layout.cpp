@@ -30,7 +30,7 @@ MessageLayout MessageLayout::make(const AllToAllConfig& c) {
   return m;
 }
 
-SymmetricLayout SymmetricLayout::make(const AllToAllConfig& c) {
+SymmetricLayout SymmetricLayout::make(const AllToAllConfig& c, bool every_rank_p2p) {
   SymmetricLayout s;
   s.msg = MessageLayout::make(c);
   const size_t W = c.world_size, L = num_local_experts(c), K = c.experts_per_token, M = c.max_tokens_per_rank;
@@ -47,7 +47,8 @@ SymmetricLayout SymmetricLayout::make(const AllToAllConfig& c) {
   s.weights_recv = cv.take(W * S * K * sizeof(uint64_t));
   s.weights_stage = cv.take(S * K * sizeof(uint64_t));
   s.weights_recv_ctr = cv.take(W * sizeof(uint64_t));
-  s.combine_row_bytes = out_row * (c.max_tokens_per_rank <= kTaggedPartialMaxTokens ? 2 : 1);
+  const bool tagged = every_rank_p2p && c.path != DataPath::kPortable && c.max_tokens_per_rank <= kTaggedPartialMaxTokens;
+  s.combine_row_bytes = out_row * (tagged ? 2 : 1);
   s.combine_recv = cv.take(W * M * s.combine_row_bytes);
   s.combine_stage = cv.take(W * S * out_row);
   s.combine_slices = (out_row + kSliceBytes - 1) / kSliceBytes;

@@ -178,7 +178,18 @@ AllToAll::AllToAll(const Communicator& comm, const AllToAllConfig& cfg_in) : imp
                   " has ", mine[i], ", rank ", r, " has ", v);
     }
 
-  I.sym_layout = SymmetricLayout::make(cfg);
+  // Whether every rank maps every peer decides the width of combine_recv's rows (tagged partials,
+  // layout.hpp), so the ranks agree on it before the allocation, whose size must match everywhere.
+  // The kernels' protocol is agreed again below, from the allocation itself.
+  bool every_rank_p2p = cfg.path != DataPath::kPortable;
+  {
+    int32_t mine = 1;
+    for (int r = 0; r < cfg.world_size && every_rank_p2p; ++r) mine &= comm.maps_peer(r) ? 1 : 0;
+    std::vector<int32_t> all(cfg.world_size);
+    comm.allgather(&mine, sizeof(mine), all.data());
+    for (int32_t v : all) every_rank_p2p = every_rank_p2p && v != 0;
+  }
+  I.sym_layout = SymmetricLayout::make(cfg, every_rank_p2p);
   I.ws_layout = WorkspaceLayout::make(cfg);
   I.sym = static_cast<uint8_t*>(comm.symmetric_malloc(I.sym_layout.total_bytes));
   EPKIT_CUDA_CHECK(cudaMemset(I.sym, 0, I.sym_layout.total_bytes));

@@ -96,6 +96,8 @@ void control_init(int world_size) {
   control_barrier();
 }
 
+bool control_maps_peer(int pe) { return g.sym != nullptr && nvshmem_ptr(g.sym, pe) != nullptr; }
+
 void control_finalize() {
   if (!g.sym) return;
   if (!peers_unreachable()) {

@@ -23,5 +23,7 @@ void control_barrier();
 void control_allgather(const void* data, size_t n, void* out);
 // Throws epkit::Error if an on-stream barrier timed out.
 void control_check();
+// Whether this PE maps PE `pe`'s symmetric heap (nvshmem_ptr on the control block is non-null).
+bool control_maps_peer(int pe);
 
 }  // namespace epkit::transport

@@ -192,6 +192,12 @@ void Communicator::broadcast(void* data, size_t n, int root) const {
   std::memcpy(data, all.data() + static_cast<size_t>(root) * n, n);
 }
 
+bool Communicator::maps_peer(int r) const {
+  EPKIT_CHECK(owns_, "Communicator is not initialised");
+  EPKIT_CHECK(r >= 0 && r < world_size_, "maps_peer(", r, "): rank must be in [0, ", world_size_, ")");
+  return transport::control_maps_peer(r);
+}
+
 void* Communicator::symmetric_malloc(size_t bytes) const {
   EPKIT_CHECK(owns_, "Communicator is not initialised");
   void* p = nvshmem_malloc(bytes);
