@@ -178,13 +178,18 @@ AllToAll::AllToAll(const Communicator& comm, const AllToAllConfig& cfg_in) : imp
                   " has ", mine[i], ", rank ", r, " has ", v);
     }
 
-  // Whether every rank maps every peer decides the width of combine_recv's rows (tagged partials,
-  // layout.hpp), so the ranks agree on it before the allocation, whose size must match everywhere.
-  // The kernels' protocol is agreed again below, from the allocation itself.
-  bool every_rank_p2p = cfg.path != DataPath::kPortable;
+  // Whether every rank maps every peer decides the width of combine_recv's rows and so whether
+  // combine's partials travel as tagged words (layout.hpp), which both ends of every pair must agree
+  // on. The ranks agree on it here, before the allocation, whose size must match everywhere
+  // (nvshmem_ptr answers the same for every symmetric allocation: checked below on the real one).
+  const bool maps_all = cfg.path != DataPath::kPortable && [&] {
+    for (int r = 0; r < cfg.world_size; ++r)
+      if (!comm.maps_peer(r)) return false;
+    return true;
+  }();
+  bool every_rank_p2p = true;
   {
-    int32_t mine = 1;
-    for (int r = 0; r < cfg.world_size && every_rank_p2p; ++r) mine &= comm.maps_peer(r) ? 1 : 0;
+    const int32_t mine = maps_all ? 1 : 0;
     std::vector<int32_t> all(cfg.world_size);
     comm.allgather(&mine, sizeof(mine), all.data());
     for (int32_t v : all) every_rank_p2p = every_rank_p2p && v != 0;
@@ -244,20 +249,14 @@ AllToAll::AllToAll(const Communicator& comm, const AllToAllConfig& cfg_in) : imp
   for (int r = 0; r < kernels::kParamPeers; ++r) p.peer_param[r] = r < cfg.world_size ? peers[r] : nullptr;
   p.all_p2p = 1;
   for (uint8_t* pb : peers) p.all_p2p &= pb != nullptr ? 1 : 0;
+  EPKIT_CHECK(p.all_p2p == (maps_all ? 1 : 0), "rank ", cfg.rank, ": nvshmem_ptr ",
+              maps_all ? "lost" : "found", " a peer mapping between the control block and this object's buffers");
+  // Tagged partials where the layout made room for them: every rank maps every peer (agreed above),
+  // so every call takes the small P2P variants (such objects are too small for the large one).
   p.combine_row_bytes = static_cast<int>(I.sym_layout.combine_row_bytes);
-  {
-    // Tagged partials need the same protocol at both ends of every pair: only where every rank
-    // maps every peer (so every call takes the small P2P variants: such objects are too small for
-    // the large one).
-    int32_t mine = p.all_p2p;
-    std::vector<int32_t> all(cfg.world_size);
-    comm.allgather(&mine, sizeof(mine), all.data());
-    bool every = true;
-    for (int32_t v : all) every = every && v != 0;
-    p.tagged_partials = every && p.combine_row_bytes == 2 * p.out_row_bytes ? 1 : 0;
-    EPKIT_CHECK(!p.tagged_partials || !kernels::large_capable(p), "tagged partials on an object of ",
-                p.max_msgs_per_src, " messages per source (the large variant does not read them)");
-  }
+  p.tagged_partials = p.combine_row_bytes == 2 * p.out_row_bytes ? 1 : 0;
+  EPKIT_CHECK(!p.tagged_partials || !kernels::large_capable(p), "tagged partials on an object of ",
+              p.max_msgs_per_src, " messages per source (the large variant does not read them)");
   const SymmetricLayout& s = I.sym_layout;
   p.off_dispatch_recv = s.dispatch_recv;
   p.off_dispatch_stage = s.dispatch_stage;

@@ -238,20 +238,6 @@ __device__ __forceinline__ void send_partials(const CommParams& p, const Combine
   }
 }
 
-// The global barrier's flag (= seq) at every peer, one lane per peer: "this rank has entered
-// combine, so it is done with its dispatch buffers" (docs/ARCHITECTURE.md, buffer reuse).
-template <bool kP2P>
-__device__ __forceinline__ void signal_combine_entered(const CommParams& p, uint64_t seq) {
-  const int me = p.rank;
-  for (int d = threadIdx.x % kWarpSize; d < p.world_size; d += kWarpSize) {
-    if (uint8_t* pb = peer_at<kP2P>(p, d)) {
-      st_release_sys(reinterpret_cast<uint64_t*>(pb + p.off_barrier_flag) + me, seq);
-    } else {
-      signal_remote(sym_at<uint64_t>(p, p.off_barrier_flag) + me, seq, NVSHMEM_SIGNAL_SET, d);
-    }
-  }
-}
-
 // kLarge: compiled with the large-call paths (see kLargeCallTokens): messages taken
 // source-interleaved and arrival flags raised kFlagBatch slices at a time.
 // kP2P: every rank P2P-mapped (KernelVariant::kSmallP2P), the portable branches compiled out.
@@ -271,7 +257,16 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
   // token side waits for all of these flags before returning, so nobody starts the next dispatch
   // early. Raised after the partials, its release waited for the warp's partial stores to complete,
   // and that warp then took its token-side unit.
-  if (blockIdx.x == 0 && warp == kWarps - 1) signal_combine_entered<kP2P>(p, seq);
+  // The flag (= seq) goes to every peer, one lane per peer (docs/ARCHITECTURE.md, buffer reuse).
+  if (blockIdx.x == 0 && warp == kWarps - 1) {
+    for (int d = threadIdx.x % kWarpSize; d < p.world_size; d += kWarpSize) {
+      if (uint8_t* pb = peer_at<kP2P>(p, d)) {
+        st_release_sys(reinterpret_cast<uint64_t*>(pb + p.off_barrier_flag) + p.rank, seq);
+      } else {
+        signal_remote(sym_at<uint64_t>(p, p.off_barrier_flag) + p.rank, seq, NVSHMEM_SIGNAL_SET, d);
+      }
+    }
+  }
   // Router weights of our own tokens to every rank we dispatched them to, into the same slot, as
   // tagged words (device_common.cuh): a P2P receiver reads each as it lands, with no counter and no
   // release; a portable one after its put's signal.
