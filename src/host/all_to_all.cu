@@ -200,6 +200,11 @@ AllToAll::AllToAll(const Communicator& comm, const AllToAllConfig& cfg_in) : imp
   EPKIT_CUDA_CHECK(cudaMemset(I.sym, 0, I.sym_layout.total_bytes));
   EPKIT_CUDA_CHECK(cudaMalloc(&I.ws, I.ws_layout.total_bytes));
   EPKIT_CUDA_CHECK(cudaMemset(I.ws, 0, I.ws_layout.total_bytes));
+  {  // DeviceState::seq is the next call's sequence number: 1 (zeroed buffers carry no call's tag)
+    const uint64_t first_seq = 1;
+    EPKIT_CUDA_CHECK(cudaMemcpy(I.ws + I.ws_layout.state + offsetof(kernels::DeviceState, seq), &first_seq,
+                                sizeof(first_seq), cudaMemcpyHostToDevice));
+  }
   EPKIT_CUDA_CHECK(cudaHostAlloc(&I.err_host, sizeof(ErrorRecord), cudaHostAllocMapped));
   std::memset(static_cast<void*>(I.err_host), 0, sizeof(ErrorRecord));
   EPKIT_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&I.err_dev), I.err_host, 0));

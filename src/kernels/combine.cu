@@ -525,7 +525,7 @@ __device__ void finish_layer(const CommParams& p, uint64_t seq, const LayerTail&
   }
   if (threadIdx.x == 0) {
     p.state->done_blocks = 0;
-    *reinterpret_cast<volatile uint64_t*>(&p.state->seq) = seq;
+    *reinterpret_cast<volatile uint64_t*>(&p.state->seq) = seq + 1;  // the next call's
   }
 }
 
@@ -537,7 +537,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                    bool do_recv) {
   extern __shared__ int smem[];
   wait_previous_kernel();
-  const uint64_t seq = *reinterpret_cast<volatile uint64_t*>(&p.state->seq) + 1;
+  const uint64_t seq = *reinterpret_cast<volatile uint64_t*>(&p.state->seq);  // not waited for until used
   LayerTail tail;
   if (do_recv) tail.load(p);
   if (do_send) combine_send<Tin, Tout, kLarge, kP2P>(p, io, seq, smem);

@@ -557,7 +557,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                     bool do_recv) {
   extern __shared__ int smem[];
   wait_previous_kernel();
-  const uint64_t seq = *reinterpret_cast<volatile uint64_t*>(&p.state->seq) + 1;
+  const uint64_t seq = *reinterpret_cast<volatile uint64_t*>(&p.state->seq);  // not waited for until used
   const bool direct_self = do_send && dispatch_send<kLarge, kP2P>(p, io, seq, smem, do_recv);
   if (do_send && do_recv) __syncthreads();
   if (do_recv) dispatch_recv<kP2P>(p, io, seq, smem, direct_self);

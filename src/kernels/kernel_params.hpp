@@ -59,7 +59,10 @@ inline const char* stage_name(int s) {
 
 // Per-object device state in the local workspace.
 struct DeviceState {
-  uint64_t seq;            // calls completed; the call in flight uses seq + 1
+  // The call in flight, or the next one: calls completed + 1 (the host sets 1 at creation). Stored
+  // ahead so that a kernel's first instruction on the loaded value is its first real use: with
+  // "calls completed" every kernel added 1 right after the load and waited for it there.
+  uint64_t seq;
   int32_t aborted;         // set after a timeout so every other wait returns at once
   int32_t error_lock;      // first-writer-wins lock for the ErrorRecord
   uint32_t done_blocks;    // finishing blocks of combine_recv (last one advances seq)
