@@ -23,6 +23,10 @@ inline constexpr size_t kSliceBytes = 2048;
 // (CommParams::tagged_partials, agreed at creation); other objects' rows keep the single width.
 inline constexpr int kTaggedPartialMaxTokens = 256;
 
+// Most tokens per rank an object takes (AllToAllConfig::max_tokens_per_rank): it keeps every
+// symmetric offset and slot index inside int32 arithmetic on the device.
+inline constexpr int kMaxTokensPerRank = 1 << 16;
+
 // Most blocks a kernel grid takes (one per SM; H200 has 132). The host clamps grids to it, and the
 // per-block histogram rows of the workspace are sized by it.
 inline constexpr int kMaxGridBlocks = 256;

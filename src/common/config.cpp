@@ -9,8 +9,6 @@
 namespace epkit {
 
 namespace {
-// Keep every symmetric offset and slot index inside int32 arithmetic on the device.
-constexpr int64_t kMaxTokensPerRank = 1 << 16;
 constexpr int kMaxWorldSize = 1024;
 constexpr int kMaxExperts = 4096;
 constexpr int64_t kMaxHidden = 1 << 16;

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <utility>
 
+#include "epkit/layout.hpp"  // kMaxTokensPerRank, kMaxGridBlocks
 #include "kernels/kernel_params.hpp"
 
 namespace epkit::kernels {
@@ -335,6 +336,14 @@ __device__ __forceinline__ int decode_expert(const CommParams& p, ExpertWord x, 
 __device__ __forceinline__ int read_expert(const CommParams& p, const void* idx, int32_t type, int64_t i,
                                            int32_t phase, int32_t token, uint64_t seq, bool report) {
   return decode_expert(p, load_expert(idx, type, i), type, phase, token, seq, report);
+}
+
+// First of the n items of block b's chunk when n items are split into nb contiguous chunks
+// (items b * n / nb ...). 32-bit: n <= kMaxTokensPerRank and b <= nb <= kMaxGridBlocks keep the
+// product inside int32; the int64 form was two division calls ahead of every dispatch's first load.
+static_assert(static_cast<int64_t>(kMaxTokensPerRank) * kMaxGridBlocks <= INT32_MAX, "chunk_begin's product");
+__device__ __forceinline__ int chunk_begin(int n, unsigned b, unsigned nb) {
+  return static_cast<int>(static_cast<unsigned>(n) * b / nb);
 }
 
 // Tokens this rank sends from its DP group: t = u * D + i for i = rank % D.

@@ -737,8 +737,7 @@ __device__ void local_dispatch_large(const CommParams& p, const DispatchIO& io, 
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
   const LocalSmem sm = carve(smem, E, K);
   const int m = local_send_start(p, io);
-  const int u0 = static_cast<int>(static_cast<int64_t>(m) * blockIdx.x / gridDim.x);
-  const int u1 = static_cast<int>(static_cast<int64_t>(m) * (blockIdx.x + 1) / gridDim.x);
+  const int u0 = chunk_begin(m, blockIdx.x, gridDim.x), u1 = chunk_begin(m, blockIdx.x + 1, gridDim.x);
 
   // The first slice this warp copies (fused calls), loaded now so that its latency hides behind the
   // histogram: at decode sizes it is the only slice a warp has.
