@@ -6,6 +6,7 @@ in the same order.
 """
 
 import math
+import operator
 
 import torch
 
@@ -25,6 +26,7 @@ __all__ = [
     "nvshmem_barrier_all_on_current_stream",
     "nvshmem_alltoall",
     "nvshmem_collectives_supported",
+    "nvshmem_maps_peer",
 ]
 
 
@@ -97,6 +99,19 @@ def nvshmem_barrier_all() -> None:
 def nvshmem_barrier_all_on_current_stream() -> None:
     """A barrier over all PEs, enqueued on the current CUDA stream."""
     _C.barrier_all_on_stream(_stream())
+
+
+def nvshmem_maps_peer(pe: int) -> bool:
+    """Whether this PE reaches PE `pe`'s symmetric heap with plain loads and stores (NVLink or PCIe
+    peer access, or the same GPU: nvshmem_ptr is non-null), as epkit's NVLink path does; False for
+    a peer reached only through the network (put with signal). Not collective. (An epkit extra.)"""
+    try:
+        if isinstance(pe, bool):
+            raise TypeError
+        pe = operator.index(pe)  # ints and integer scalars (numpy, 0-d tensors) alike
+    except TypeError:
+        raise EpkitError(f"pe must be an int, got {type(pe).__name__}") from None
+    return _C.maps_peer(pe)
 
 
 def nvshmem_collectives_supported() -> bool:

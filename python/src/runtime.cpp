@@ -202,6 +202,9 @@ void bind_runtime(nb::module_& m) {
         "consumer lets go. Collective.");
   m.def("alltoall", &alltoall, nb::arg("dst"), nb::arg("src"), nb::arg("bytes_per_rank"), nb::arg("stream"));
   m.def(
+      "maps_peer", [](int pe) { return comm().maps_peer(pe); }, nb::arg("pe"),
+      "Whether this PE reaches PE pe's symmetric heap with plain loads and stores (nvshmem_ptr non-null).");
+  m.def(
       "collectives_supported", [] { return comm().nvshmem_collectives_supported(); },
       "False where several PEs share a GPU without MPS: NVSHMEM's collectives (alltoall) would end the process.");
   m.def("num_live_allocations", [] { return runtime().allocs.size(); });

@@ -368,6 +368,14 @@ def nvshmem_helpers(rank, world_size):
     gpus = _gpus_of_all_ranks(dev)
     shared = len(set(gpus)) < world_size
     supported = epkit.nvshmem_collectives_supported()
+    # Peer mappings: every PE maps itself, PEs that share a GPU map each other, and a PE outside the
+    # world is refused with the bound. (AllToAll's num_p2p_peers is checked against them below.)
+    maps = [epkit.nvshmem_maps_peer(r) for r in range(world_size)]
+    assert all(isinstance(v, bool) for v in maps) and maps[rank], f"rank {rank}: maps_peer gave {maps}"
+    if len(set(gpus)) == 1:
+        assert all(maps), f"rank {rank}: PEs on one GPU must map each other, maps_peer gave {maps}"
+    _expect_error(lambda: epkit.nvshmem_maps_peer(world_size), f"maps_peer({world_size})", f"[0, {world_size})")
+    _expect_error(lambda: epkit.nvshmem_maps_peer(-1), "maps_peer(-1)")
     # Refusing is allowed only where PEs share a GPU (with MPS NVSHMEM may still support them).
     assert supported or shared, f"rank {rank}: collectives reported unsupported with one PE per GPU ({gpus})"
     n = 64
@@ -406,6 +414,7 @@ def nvshmem_helpers(rank, world_size):
 
     # An AllToAll dropped without destroy() keeps its memory until finalize (which the harness runs).
     a = epkit.ExpertAllToAll(num_experts=2 * world_size, experts_per_token=1, hidden=128, max_tokens_per_rank=4)
+    assert a.num_p2p_peers == sum(maps) - 1, f"rank {rank}: {a.num_p2p_peers} P2P peers, maps_peer gave {maps}"
     before = epkit._C.num_live_instances()
     del a
     gc.collect()

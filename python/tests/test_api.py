@@ -16,9 +16,11 @@ def test_epkit_error_is_runtime_error():
 
 def test_calls_before_init_raise_instead_of_crashing():
     assert not epkit.nvshmem_initialized()
-    for fn in (epkit.nvshmem_my_pe, epkit.nvshmem_n_pes, epkit.nvshmem_barrier_all):
+    for fn in (epkit.nvshmem_my_pe, epkit.nvshmem_n_pes, epkit.nvshmem_barrier_all, lambda: epkit.nvshmem_maps_peer(0)):
         with pytest.raises(epkit.EpkitError, match="nvshmem_init"):
             fn()
+    with pytest.raises(epkit.EpkitError, match="pe must be an int"):
+        epkit.nvshmem_maps_peer(0.0)
     with pytest.raises(epkit.EpkitError, match="nvshmem_init"):
         epkit.AllToAll.internode(16, 8, 2, 0, 2, 1, 256, 512, 0)
     epkit.nvshmem_finalize()  # a no-op without init
