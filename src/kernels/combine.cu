@@ -54,8 +54,6 @@ struct CombineSmem {
   int* nmsg;      // [W]
   int* msg_off;   // [W + 1] prefix of nmsg; then the largest nmsg
 };
-// LayerTail's arrays follow CombineSmem's 2 W + 2 ints, 8-byte aligned.
-__host__ __device__ constexpr int tail_smem_offset_ints(int W) { return (2 * W + 2 + 1) / 2 * 2; }
 
 constexpr int kUnroll = 4;                          // 8-element chunks per lane per slice
 constexpr int kSliceChunks = kWarpSize * kUnroll;   // 1024 elements: kSliceBytes of 16-bit output
@@ -488,27 +486,16 @@ __device__ void combine_recv(const CommParams& p, const CombineIO& io, uint64_t 
   }
 }
 
-// What finish_layer advances, for sources s < min(W, kThreads): thread s copies its entries into
-// shared memory at the start of the combine kernel, so that the layer's last block does no
-// dependent loads at the very end of the layer. cp.async, not registers: a register copy of them
-// was spilled to the stack at once, and the spill's store waited for the loads, a round trip at the
-// start of every block's warp 0 (the warp that takes the first combine unit).
+// What finish_layer advances, loaded by thread s < W at the start of the combine kernel so that
+// the layer's last block does no dependent loads at the very end of the layer.
 struct LayerTail {
-  uint64_t* recv_base;     // [min(W, kThreads)] in shared memory, after CombineSmem
-  uint64_t* weights_base;  // [min(W, kThreads)]
-  int32_t* num_msgs;       // [min(W, kThreads)]
-  __device__ LayerTail(int* smem, int W) {
-    const int n = W < kThreads ? W : kThreads;
-    recv_base = reinterpret_cast<uint64_t*>(smem + tail_smem_offset_ints(W));
-    weights_base = recv_base + n;
-    num_msgs = reinterpret_cast<int32_t*>(weights_base + n);
-  }
-  __device__ void load(const CommParams& p) const {
-    const int s = threadIdx.x;
-    if (s >= p.world_size) return;
-    cp_async_8(recv_base + s, p.recv_base + s);
-    if (!p.weights_at_dispatch) cp_async_8(weights_base + s, p.weights_base + s);
-    cp_async_4(num_msgs + s, p.num_msgs + s);
+  uint64_t recv_base = 0, weights_base = 0;
+  int32_t num_msgs = 0;
+  __device__ void load(const CommParams& p) {
+    if (static_cast<int>(threadIdx.x) >= p.world_size) return;
+    recv_base = p.recv_base[threadIdx.x];
+    weights_base = p.weights_base[threadIdx.x];
+    num_msgs = p.num_msgs[threadIdx.x];
   }
 };
 
@@ -523,7 +510,6 @@ __device__ __forceinline__ unsigned atomic_add_acq_rel_gpu(unsigned* p, unsigned
 // the kernel boundary publishes them to the next call.
 __device__ void finish_layer(const CommParams& p, uint64_t seq, const LayerTail& tail) {
   __shared__ int last_block;
-  cp_async_wait_all();  // this thread's copies of LayerTail::load (in every block: none outlives it)
   __syncthreads();
   if (threadIdx.x == 0) last_block = atomic_add_acq_rel_gpu(&p.state->done_blocks, 1u) == gridDim.x - 1;
   __syncthreads();
@@ -532,10 +518,10 @@ __device__ void finish_layer(const CommParams& p, uint64_t seq, const LayerTail&
   // Only portable sources' weight counters move (P2P weights are tagged words); their bases advance
   // for every source anyway, unread for P2P ones, so that no peer lookup joins the layer's tail.
   for (int s = threadIdx.x; s < p.world_size; s += blockDim.x) {
-    const bool mine = s == static_cast<int>(threadIdx.x);  // copied at the kernel's start
-    const uint64_t n = static_cast<uint64_t>(mine ? tail.num_msgs[s] : p.num_msgs[s]);
-    p.recv_base[s] = (mine ? tail.recv_base[s] : p.recv_base[s]) + n * p.dispatch_slices;
-    if (!p.weights_at_dispatch) p.weights_base[s] = (mine ? tail.weights_base[s] : p.weights_base[s]) + n;
+    const bool mine = s == static_cast<int>(threadIdx.x);  // preloaded
+    const uint64_t n = static_cast<uint64_t>(mine ? tail.num_msgs : p.num_msgs[s]);
+    p.recv_base[s] = (mine ? tail.recv_base : p.recv_base[s]) + n * p.dispatch_slices;
+    if (!p.weights_at_dispatch) p.weights_base[s] = (mine ? tail.weights_base : p.weights_base[s]) + n;
   }
   if (threadIdx.x == 0) {
     p.state->done_blocks = 0;
@@ -552,7 +538,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ int smem[];
   wait_previous_kernel();
   const uint64_t seq = *reinterpret_cast<volatile uint64_t*>(&p.state->seq);  // not waited for until used
-  const LayerTail tail(smem, p.world_size);
+  LayerTail tail;
   if (do_recv) tail.load(p);
   if (do_send) combine_send<Tin, Tout, kLarge, kP2P>(p, io, seq, smem);
   EPKIT_STAGE(p, kStPartialsSent);
@@ -585,10 +571,7 @@ cudaError_t launch_out(const CommParams& p, const CombineIO& io, DType in, bool 
 
 }  // namespace
 
-size_t combine_smem_bytes(int world_size) {
-  const size_t n = static_cast<size_t>(world_size < kThreads ? world_size : kThreads);
-  return tail_smem_offset_ints(world_size) * sizeof(int) + n * (2 * sizeof(uint64_t) + sizeof(int32_t));
-}
+size_t combine_smem_bytes(int world_size) { return (2 * static_cast<size_t>(world_size) + 2) * sizeof(int); }
 
 int combine_units(int world_size, int max_msgs_per_src, int max_tokens, int slices, int group) {
   const int send = world_size * max_msgs_per_src * slices * group, recv = max_tokens * slices;

@@ -338,20 +338,6 @@ __device__ __forceinline__ int read_expert(const CommParams& p, const void* idx,
   return decode_expert(p, load_expert(idx, type, i), type, phase, token, seq, report);
 }
 
-// Asynchronous copies from global into shared memory (cp.async, sm_80+): no register receives the
-// data, so nothing waits for it until cp_async_wait_all, which waits for this thread's copies.
-__device__ __forceinline__ void cp_async_8(void* smem_dst, const void* gmem_src) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(static_cast<unsigned>(__cvta_generic_to_shared(smem_dst))),
-               "l"(gmem_src)
-               : "memory");
-}
-__device__ __forceinline__ void cp_async_4(void* smem_dst, const void* gmem_src) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(static_cast<unsigned>(__cvta_generic_to_shared(smem_dst))),
-               "l"(gmem_src)
-               : "memory");
-}
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
-
 // First of the n items of block b's chunk when n items are split into nb contiguous chunks
 // (items b * n / nb ...). 32-bit: n <= kMaxTokensPerRank and b <= nb <= kMaxGridBlocks keep the
 // product inside int32; the int64 form was two division calls ahead of every dispatch's first load.
