@@ -216,11 +216,14 @@ __device__ bool dispatch_send(const CommParams& p, const DispatchIO& io, uint64_
   // Every load first, then the decoding (see load_expert). The first round's loads go out before
   // the shared counters are zeroed: at decode they are the only loads, and the zeroing and its
   // barrier now run while they are in flight. Each later round's go out after the previous
-  // round's atomics, as before.
+  // round's atomics, as before. A warp stops at its first step with no token (warp-uniform, so
+  // the match below stays convergent): at 1 token the three empty steps were three decodes,
+  // matches and branches of atomics, most of the stage's instructions.
   ExpertWord xw[kHistUnroll];
   const auto load_round = [&](int base) {
 #pragma unroll
     for (int q = 0; q < kHistUnroll; ++q) {
+      if (base + q * step >= h1) break;
       const int u = base + q * step + sub;
       xw[q] = u < h1 && k < K ? load_expert(io.topk_idx, io.idx_type, static_cast<int64_t>(u * D + gi) * K + k)
                               : no_expert_word();
@@ -236,6 +239,7 @@ __device__ bool dispatch_send(const CommParams& p, const DispatchIO& io, uint64_
   while (base < h1) {
 #pragma unroll
     for (int q = 0; q < kHistUnroll; ++q) {
+      if (base + q * step >= h1) break;
       const int u = base + q * step + sub;
       const int e = decode_expert(p, xw[q], io.idx_type, kPhaseDispatchSend, u * D + gi, seq, blockIdx.x == 0 || lookback);
       const int r = e >= 0 ? expert_rank(e, p.rank_div) : -1;
