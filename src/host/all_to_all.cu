@@ -227,6 +227,8 @@ AllToAll::AllToAll(const Communicator& comm, const AllToAllConfig& cfg_in) : imp
   p.num_experts = cfg.num_experts;
   p.num_local_experts = num_local_experts(cfg);
   p.rank_div = kernels::expert_rank_div(p.num_local_experts);
+  p.group_index = cfg.rank % cfg.dp_size;
+  p.dp_mul = kernels::small_div_mul(cfg.dp_size);
   p.topk = cfg.experts_per_token;
   p.hidden = cfg.hidden;
   p.max_tokens = cfg.max_tokens_per_rank;

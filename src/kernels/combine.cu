@@ -244,7 +244,7 @@ __device__ __forceinline__ void send_partials(const CommParams& p, const Combine
 template <typename Tin, typename Tout, bool kLarge, bool kP2P>
 __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t seq, int* smem) {
   const int W = p.world_size, K = p.topk, D = p.dp_size, S = p.max_msgs_per_src;
-  const int me = p.rank, gi = me % D, nsc = p.combine_slices;
+  const int me = p.rank, gi = p.group_index, nsc = p.combine_slices;
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
   const int gw = blockIdx.x * kWarps + warp, nw = gridDim.x * kWarps;
   CombineSmem sm{smem, smem + W};

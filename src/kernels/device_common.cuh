@@ -347,7 +347,10 @@ __device__ __forceinline__ int chunk_begin(int n, unsigned b, unsigned nb) {
 }
 
 // Tokens this rank sends from its DP group: t = u * D + i for i = rank % D.
-__device__ __forceinline__ int num_own_tokens(const CommParams& p, int m) { return own_tokens(m, p.rank, p.dp_size); }
+// own_tokens from the host's group index and multiplier (own_tokens_by_mul).
+__device__ __forceinline__ int num_own_tokens(const CommParams& p, int m) {
+  return own_tokens_by_mul(m, p.group_index, p.dp_size, p.dp_mul);
+}
 
 // Received messages are numbered source by source: the source of message q is the last s with
 // msg_off[s] <= q (msg_off is the prefix of per-source message counts, W + 1 entries).

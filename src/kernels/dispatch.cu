@@ -177,7 +177,7 @@ static __device__ __noinline__ void write_own(const CommParams& p, const Dispatc
 template <bool kLarge, bool kP2P>
 __device__ bool dispatch_send(const CommParams& p, const DispatchIO& io, uint64_t seq, int* smem, bool fused) {
   const int E = p.num_experts, W = p.world_size, L = p.num_local_experts, K = p.topk, D = p.dp_size;
-  const int me = p.rank, gi = me % D, S = p.max_msgs_per_src, nsd = p.dispatch_slices;
+  const int me = p.rank, gi = p.group_index, S = p.max_msgs_per_src, nsd = p.dispatch_slices;
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
   SendSmem sm;
   sm.cnt_total = smem;
@@ -192,7 +192,10 @@ __device__ bool dispatch_send(const CommParams& p, const DispatchIO& io, uint64_
   EPKIT_STAGE(p, kStDispatchStart);
   const int m = resolve_num_tokens(p, io.m, kPhaseDispatchSend, seq, blockIdx.x == 0);
   const int n_own = num_own_tokens(p, m);
-  const int u0 = chunk_begin(n_own, blockIdx.x, gridDim.x), u1 = chunk_begin(n_own, blockIdx.x + 1, gridDim.x);
+  // This block's chunk of the own tokens. Small calls need it only after the first index loads
+  // (it seeds the running counters), so it is computed after them; the look-back needs it first.
+  int u0 = 0, u1 = 0;
+  if (kLarge) u0 = chunk_begin(n_own, blockIdx.x, gridDim.x), u1 = chunk_begin(n_own, blockIdx.x + 1, gridDim.x);
 
   // Histogram. Small calls: every block counts all own tokens' entries, and the entries of tokens
   // before its chunk seed the running counters (no communication between blocks). Large calls
@@ -235,6 +238,7 @@ __device__ bool dispatch_send(const CommParams& p, const DispatchIO& io, uint64_
   for (int x = threadIdx.x; x < E; x += blockDim.x) sm.cnt_total[x] = 0, sm.run_e[x] = 0;
   for (int x = threadIdx.x; x < W; x += blockDim.x) sm.dst_total[x] = 0, sm.run_d[x] = 0, sm.blk_sent[x] = 0;
   __syncthreads();
+  if (!kLarge) u0 = chunk_begin(n_own, blockIdx.x, gridDim.x), u1 = chunk_begin(n_own, blockIdx.x + 1, gridDim.x);
 
   while (base < h1) {
 #pragma unroll

@@ -136,6 +136,11 @@ struct CommParams {
   int tagged_partials;   // 1: combine's partials travel as tagged words (kTaggedPartialMaxTokens); only
                          // set where every rank has every peer P2P-mapped, so only the small P2P
                          // variants (which every call of such an object takes) read it
+  // The DP group arithmetic of every general kernel's first instructions, from the host: rank % D
+  // and a multiply for / D (small_div). Computed in the kernels, they were two inlined divisions
+  // (about 70 instructions) that every warp ran before the dispatch's first index load.
+  int group_index;       // rank % dp_size
+  uint64_t dp_mul;       // small_div_mul(dp_size)
 };
 static_assert(offsetof(CommParams, recv_map) == 48 && offsetof(CommParams, wave_units_mul) == 104,
               "the W = 1 decode fields fill the parameter block's first 112 bytes");
@@ -200,6 +205,12 @@ inline bool large_capable(const CommParams& p) { return p.max_msgs_per_src >= kL
 // Tokens a rank sends of its DP group's m (tokens t = u * D + rank % D), on the host and the device.
 constexpr int own_tokens(int m, int rank, int dp_size) {
   return m > rank % dp_size ? (m - rank % dp_size + dp_size - 1) / dp_size : 0;
+}
+// The same with i = rank % D and mul = small_div_mul(D) given (CommParams::group_index, dp_mul): a
+// multiply instead of two divisions. m - i + D - 1 < 2^20 (m <= kMaxTokensPerRank, D <= 1024)
+// keeps it inside small_div's range (CPU-tested against own_tokens).
+constexpr int own_tokens_by_mul(int m, int group_index, int dp_size, uint64_t mul) {
+  return m > group_index ? small_div(m - group_index + dp_size - 1, mul) : 0;
 }
 // The large variant for this call (dispatch.cu, combine.cu): an object that can take the large-call
 // paths, and a call that may: m on the device, or own tokens of a host m at least kLargeCallTokens.

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "epkit/error.hpp"
+#include "epkit/layout.hpp"
 #include "host/local_shape.hpp"
 
 namespace epkit::host {
@@ -239,6 +240,32 @@ TEST(LocalShape, ExpertRankIsTheExactQuotient) {
 }
 
 // The P2P-only small variants run only where every rank is P2P-mapped, and never for large calls.
+// The general kernels' own-token count from the host's group index and multiplier equals
+// own_tokens for every DP size up to the world-size limit, every group index, and m over the
+// whole token range (each m at small D; at larger D every m near a multiple of D and random m).
+TEST(LocalShape, OwnTokensByMultiplyMatchesTheDivision) {
+  std::mt19937 rng(std::random_device{}());
+  const int m_max = kMaxTokensPerRank;
+  for (int D = 1; D <= 1024; D = D < 16 ? D + 1 : D * 2 + static_cast<int>(rng() % 3)) {
+    const uint64_t mul = kernels::small_div_mul(D);
+    for (int r = 0; r < D; r += D <= 16 ? 1 : D / 8 + 1) {
+      auto check = [&](int m) {
+        if (m < 0 || m > m_max) return;
+        const int want = kernels::own_tokens(m, r, D), got = kernels::own_tokens_by_mul(m, r % D, D, mul);
+        if (got != want) FAIL() << "m = " << m << ", rank % D = " << r << ", D = " << D << ": " << got << " != " << want;
+      };
+      if (D <= 16) {
+        for (int m = 0; m <= m_max; ++m) check(m);
+      } else {
+        for (int m = 0; m <= m_max + D; m += D) check(m - 1), check(m), check(m + 1), check(m + r);
+        for (int i = 0; i < 512; ++i) check(static_cast<int>(rng() % (m_max + 1)));
+      }
+      check(m_max);
+      if (::testing::Test::HasFatalFailure()) return;
+    }
+  }
+}
+
 TEST(LocalShape, P2PVariantOnlyForAllP2PObjectsAndSmallCalls) {
   using kernels::KernelVariant;
   kernels::CommParams p{};
