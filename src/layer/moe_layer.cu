@@ -149,8 +149,9 @@ void MoELayer::Impl::build(const std::vector<AllToAll*>& borrowed, const Communi
                 " needs ", halves, " AllToAll object(s), got ", borrowed.size());
     for (int h = 0; h < halves; ++h) {
       EPKIT_CHECK(borrowed[h] != nullptr, "MoELayer: AllToAll ", h, " is null");
-      // Where the router weights go is the object's choice: the layer follows it (both halves alike).
-      acfg.weights_at_dispatch = borrowed[0]->config().weights_at_dispatch;
+      // Where the router weights go is the object's choice: the layer follows the first half's, and
+      // the second must agree with it (agreement_fields below).
+      if (h == 0) acfg.weights_at_dispatch = borrowed[0]->config().weights_at_dispatch;
       const auto want = agreement_fields(acfg), have = agreement_fields(borrowed[h]->config());
       for (size_t i = 0; i < want.size(); ++i)
         EPKIT_CHECK(i < have.size() && want[i] == have[i], "MoELayer: borrowed AllToAll ", h, " has ", want[i].first,
