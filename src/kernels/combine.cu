@@ -246,7 +246,7 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
   const int W = p.world_size, K = p.topk, D = p.dp_size, S = p.max_msgs_per_src;
   const int me = p.rank, gi = p.group_index, nsc = p.combine_slices;
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
-  const int gw = blockIdx.x * kWarps + warp, nw = gridDim.x * kWarps;
+  const int nw = gridDim.x * kWarps;
   CombineSmem sm{smem, smem + W};
 
   EPKIT_STAGE(p, kStCombineStart);
@@ -258,7 +258,10 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
   // early. Raised after the partials, its release waited for the warp's partial stores to complete,
   // and that warp then took its token-side unit.
   // The flag (= seq) goes to every peer, one lane per peer (docs/ARCHITECTURE.md, buffer reuse).
-  if (blockIdx.x == 0 && warp == kWarps - 1) {
+  // The last block's last warp: the weights' warps below start from every block's second-to-last
+  // warp, and the partials from the first warps, so at decode this warp does only this and the
+  // layer tail's loads.
+  if (blockIdx.x == gridDim.x - 1 && warp == kWarps - 1) {
     for (int d = threadIdx.x % kWarpSize; d < p.world_size; d += kWarpSize) {
       if (uint8_t* pb = peer_at<kP2P>(p, d)) {
         st_release_sys(reinterpret_cast<uint64_t*>(pb + p.off_barrier_flag) + p.rank, seq);
@@ -277,7 +280,12 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
   // and shared at the barrier before the partials: read there, its load was one more round trip
   // before the first partial. Every wait below is bounded, and ends early on an abort by itself.
   const bool aborted_early = threadIdx.x == 0 && is_aborted(p);
-  for (int u = gw; u < n_own; u += nw) {
+  // One warp per own token, every block's second-to-last warp first (block by block), then the
+  // warps below it (and the last warp, after warp 0): the partials and the token side start from
+  // warp 0 and the layer tail's loads are the last warp's, so at decode the warp that sends a
+  // token's weights does nothing else. Block-major, as before, the 1-token weights and the first
+  // partial both fell to block 0's warp 0, one after the other.
+  for (int u = ((2 * kWarps - 2 - warp) % kWarps) * gridDim.x + blockIdx.x; u < n_own; u += nw) {
     const int t = u * D + gi;
     const uint64_t w = tag_word(seq, lane < K ? __float_as_uint(io.topk_weights[static_cast<size_t>(t) * K + lane]) : 0u);
     uint64_t* stage = sym_at<uint64_t>(p, p.off_weights_stage) + static_cast<size_t>(u) * K;
@@ -486,16 +494,21 @@ __device__ void combine_recv(const CommParams& p, const CombineIO& io, uint64_t 
   }
 }
 
-// What finish_layer advances, loaded by thread s < W at the start of the combine kernel so that
-// the layer's last block does no dependent loads at the very end of the layer.
+// What finish_layer advances, loaded at the start of the combine kernel so that the layer's last
+// block does no dependent loads at the very end of the layer. Thread kThreads - 1 - s loads source
+// s's (the block's last warp, which has no other work at decode): the values live across calls, so
+// they are spilled, and the spill's store waits for the load. In warp 0, thread s's, that wait came
+// before the warp's first partial.
 struct LayerTail {
   uint64_t recv_base = 0, weights_base = 0;
   int32_t num_msgs = 0;
+  static __device__ __forceinline__ int source() { return kThreads - 1 - static_cast<int>(threadIdx.x); }
   __device__ void load(const CommParams& p) {
-    if (static_cast<int>(threadIdx.x) >= p.world_size) return;
-    recv_base = p.recv_base[threadIdx.x];
-    weights_base = p.weights_base[threadIdx.x];
-    num_msgs = p.num_msgs[threadIdx.x];
+    const int s = source();
+    if (s >= p.world_size) return;
+    recv_base = p.recv_base[s];
+    weights_base = p.weights_base[s];
+    num_msgs = p.num_msgs[s];
   }
 };
 
@@ -517,8 +530,8 @@ __device__ void finish_layer(const CommParams& p, uint64_t seq, const LayerTail&
   // Dispatch arrival counts slices, weights arrival counts rows: both bases advance per message.
   // Only portable sources' weight counters move (P2P weights are tagged words); their bases advance
   // for every source anyway, unread for P2P ones, so that no peer lookup joins the layer's tail.
-  for (int s = threadIdx.x; s < p.world_size; s += blockDim.x) {
-    const bool mine = s == static_cast<int>(threadIdx.x);  // preloaded
+  for (int s = LayerTail::source(); s < p.world_size; s += blockDim.x) {
+    const bool mine = s == LayerTail::source();  // preloaded
     const uint64_t n = static_cast<uint64_t>(mine ? tail.num_msgs : p.num_msgs[s]);
     p.recv_base[s] = (mine ? tail.recv_base : p.recv_base[s]) + n * p.dispatch_slices;
     if (!p.weights_at_dispatch) p.weights_base[s] = (mine ? tail.weights_base : p.weights_base[s]) + n;
