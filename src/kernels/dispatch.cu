@@ -450,15 +450,6 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
   const bool stop = __syncthreads_or(!ok || aborted_early);
   EPKIT_STAGE(p, kStCountsArrived);
   if (stop) return;
-  // The data's arrival, waited for by the block's last threads while its first compute the
-  // offsets below (at decode different warps: waited for after the offsets, the counter's load
-  // was one more round trip after them).
-  const uint64_t* recv_ctr = sym_at<uint64_t>(p, p.off_dispatch_recv_ctr);
-  for (int s = my_src; s >= 0 && s < W; s += blockDim.x)
-    if (!(direct_self && s == me))  // our own slices are counted before this kernel ends, read by nobody
-      ok &= wait_flag(p, recv_ctr + s, (s == my_src ? my_base : p.recv_base[s]) +
-                      static_cast<uint64_t>(sm.nmsg[s]) * nsd, Cmp::kGe,
-                      kPhaseDispatchRecv, kWaitDispatchData, s, -1, seq);
   // Each local expert's run: our own tokens first, then the other sources in rank order after us
   // (me + 1, ..., W - 1, 0, ..., me - 1), one contiguous run per source.
   for (int el = threadIdx.x; el < L; el += blockDim.x) {
@@ -491,6 +482,12 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
   if (blockIdx.x == 0)
     for (int s = threadIdx.x; s < W; s += blockDim.x) p.num_msgs[s] = sm.nmsg[s];
   EPKIT_STAGE(p, kStOffsetsDone);
+  const uint64_t* recv_ctr = sym_at<uint64_t>(p, p.off_dispatch_recv_ctr);
+  for (int s = my_src; s >= 0 && s < W; s += blockDim.x)
+    if (!(direct_self && s == me))  // our own slices are counted before this kernel ends, read by nobody
+      ok &= wait_flag(p, recv_ctr + s, (s == my_src ? my_base : p.recv_base[s]) +
+                      static_cast<uint64_t>(sm.nmsg[s]) * nsd, Cmp::kGe,
+                      kPhaseDispatchRecv, kWaitDispatchData, s, -1, seq);
   // Also the copy below must not start on a source whose data never came (its headers would be garbage).
   const bool stop_data = __syncthreads_or(!ok || (threadIdx.x == 0 && is_aborted(p)));
   EPKIT_STAGE(p, kStDataArrived);
