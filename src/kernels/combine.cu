@@ -355,27 +355,6 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
   if constexpr (kLarge) flags.flush(lane, D, seq);
 }
 
-// The token side's first unit for this warp and its lane's topk entry, loaded at the kernel's start:
-// at decode the warp of a token's first partial is also the one that sums it, and the index load
-// after the partial's stores was one more round trip before the sum.
-// Only the word stays live across combine_send (q0 is recomputed): each register held there is one
-// the send half's loops spill.
-struct RecvFirst {
-  ExpertWord e;
-  // One (token, slice) per block first when they fit one wave, as in send_partials. (Taken from each
-  // block's last warp down, on warps the send groups leave free, they gained nothing at 1-4 tokens
-  // and lost 0.3-0.4 us at 128: session 19.)
-  static __device__ __forceinline__ int first(int m, int nsc) {
-    const int warp = threadIdx.x / kWarpSize, nw = gridDim.x * kWarps;
-    return m * nsc <= nw ? warp * gridDim.x + blockIdx.x : blockIdx.x * kWarps + warp;
-  }
-  __device__ void load(const CommParams& p, const CombineIO& io, int m) {
-    const int nsc = p.combine_slices, K = p.topk, lane = threadIdx.x % kWarpSize, q0 = first(m, nsc);
-    e = no_expert_word();
-    if (q0 < m * nsc && lane < K) e = load_expert(io.topk_idx, io.idx_type, static_cast<int64_t>(q0 / nsc) * K + lane);
-  }
-};
-
 // The token side: one warp per (token, slice) sums the partials of each rank it dispatched to.
 // With arrival flags it waits for each rank's flag, then loads the partials two ranks at a time.
 // kTagged (tagged partials, layout.hpp): it reads each rank's words as they land, one rank at a time
@@ -383,25 +362,26 @@ struct RecvFirst {
 // landed waits for them out of line and loads them again, so that nothing loaded is live across
 // the call.
 template <typename Tout, bool kTagged>
-__device__ __forceinline__ void recv_partials(const CommParams& p, const CombineIO& io, uint64_t seq, int m,
-                                              const RecvFirst& first_unit) {
+__device__ __forceinline__ void recv_partials(const CommParams& p, const CombineIO& io, uint64_t seq, int m) {
   const int K = p.topk, M = p.max_tokens, H = p.hidden;
   const int nsc = p.combine_slices;
-  const int lane = threadIdx.x % kWarpSize;
-  const int nw = gridDim.x * kWarps;
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  const int gw = blockIdx.x * kWarps + warp, nw = gridDim.x * kWarps;
   const uint64_t* flags = sym_at<uint64_t>(p, p.off_combine_flag);
   const uint8_t* partials = sym_at<uint8_t>(p, p.off_combine_recv);
   const size_t row_stride = p.combine_row_bytes;
   const int chunks = H / 8;
   Tout* out = static_cast<Tout*>(io.out);
-  const int q0 = RecvFirst::first(m, nsc);
+  // One (token, slice) per block first when they fit one wave, as in send_partials. (Taken from each
+  // block's last warp down, on warps the send groups leave free, they gained nothing at 1-4 tokens
+  // and lost 0.3-0.4 us at 128: session 19.)
+  const int q0 = m * nsc <= nw ? warp * gridDim.x + blockIdx.x : gw;
 
   for (int q = q0; q < m * nsc; q += nw) {
     const int t = q / nsc, sl = q % nsc;
-    const ExpertWord xw = q == q0 ? first_unit.e
-                          : lane < K ? load_expert(io.topk_idx, io.idx_type, static_cast<int64_t>(t) * K + lane)
-                                     : no_expert_word();
-    const int e = decode_expert(p, xw, io.idx_type, kPhaseCombineRecv, t, seq, false);
+    const int e = lane < K ? read_expert(p, io.topk_idx, io.idx_type, static_cast<int64_t>(t) * K + lane,
+                                         kPhaseCombineRecv, t, seq, false)
+                           : -1;
     const int r = e >= 0 ? expert_rank(e, p.rank_div) : -1;
     const unsigned same = __match_any_sync(0xffffffffu, r);
     const bool first = e >= 0 && (same & ((1u << lane) - 1)) == 0;
@@ -493,12 +473,13 @@ __device__ __forceinline__ void recv_partials(const CommParams& p, const Combine
 
 // kTaggable: the small P2P variant, the only one an object with tagged partials runs.
 template <typename Tout, bool kTaggable>
-__device__ void combine_recv(const CommParams& p, const CombineIO& io, uint64_t seq, int m, const RecvFirst& first_unit) {
+__device__ void combine_recv(const CommParams& p, const CombineIO& io, uint64_t seq) {
   const int W = p.world_size;
+  const int m = resolve_num_tokens(p, io.m, kPhaseCombineRecv, seq, false);
   if (kTaggable && p.tagged_partials)
-    recv_partials<Tout, true>(p, io, seq, m, first_unit);
+    recv_partials<Tout, true>(p, io, seq, m);
   else
-    recv_partials<Tout, false>(p, io, seq, m, first_unit);
+    recv_partials<Tout, false>(p, io, seq, m);
 
   EPKIT_STAGE(p, kStTokensSummed);
   // The only global barrier: every peer has entered combine (so is done with its dispatch buffers).
@@ -570,15 +551,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ int smem[];
   wait_previous_kernel();
   const uint64_t seq = *reinterpret_cast<volatile uint64_t*>(&p.state->seq);  // not waited for until used
-  RecvFirst first_unit;
-  if (do_recv) first_unit.load(p, io, resolve_num_tokens(p, io.m, kPhaseCombineRecv, seq, false));
   LayerTail tail;
   if (do_recv) tail.load(p);
   if (do_send) combine_send<Tin, Tout, kLarge, kP2P>(p, io, seq, smem);
   EPKIT_STAGE(p, kStPartialsSent);
   if (do_recv) {
-    combine_recv<Tout, !kLarge && kP2P>(p, io, seq, resolve_num_tokens(p, io.m, kPhaseCombineRecv, seq, false),
-                                        first_unit);
+    combine_recv<Tout, !kLarge && kP2P>(p, io, seq);
     finish_layer(p, seq, tail);
   }
 }
