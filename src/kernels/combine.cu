@@ -94,7 +94,7 @@ __device__ __forceinline__ void send_partials(const CommParams& p, const Combine
   const uint64_t* wrecv = sym_at<uint64_t>(p, p.off_weights_recv);
   const Tin* y = static_cast<const Tin*>(io.expert_y);
   for (int q = grp; q < span * nsc; q += ngroups) {
-    const int qv = q / nsc, sl = q % nsc;
+    const int qv = div_by_mul(q, nsc, p.combine_slices_mul), sl = q - qv * nsc;
     int s, j;
     if constexpr (kLarge) {
       j = qv / W, s = (qv + me) % W;  // own tokens' partials start the interleave
@@ -378,7 +378,7 @@ __device__ __forceinline__ void recv_partials(const CommParams& p, const Combine
   const int q0 = m * nsc <= nw ? warp * gridDim.x + blockIdx.x : gw;
 
   for (int q = q0; q < m * nsc; q += nw) {
-    const int t = q / nsc, sl = q % nsc;
+    const int t = div_by_mul(q, nsc, p.combine_slices_mul), sl = q - t * nsc;
     const int e = lane < K ? read_expert(p, io.topk_idx, io.idx_type, static_cast<int64_t>(t) * K + lane,
                                          kPhaseCombineRecv, t, seq, false)
                            : -1;

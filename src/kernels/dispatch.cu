@@ -322,7 +322,7 @@ __device__ bool dispatch_send(const CommParams& p, const DispatchIO& io, uint64_
     // Round, phase B: one warp per (token, slice) loads the slice once and stores it to every
     // destination rank of the token.
     for (int w = warp; w < nr * nsd; w += kWarps) {
-      const int ui = w / nsd, sl = w % nsd, u = r0 + ui, t = u * D + gi;
+      const int ui = div_by_mul(w, nsd, p.dispatch_slices_mul), sl = w - ui * nsd, u = r0 + ui, t = u * D + gi;
       const int e = lane < K ? sm.tok_e[ui * K + lane] : -1;
       const int j = lane < K ? sm.tok_j[ui * K + lane] : -1;
       const int r = e >= 0 ? expert_rank(e, p.rank_div) : -1;
@@ -506,11 +506,12 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
   const int kx = total > 0 && total * nsd * K <= nw ? K : 1;
   const int units = total * nsd * kx;
   const int q0 = units <= nw ? warp * gridDim.x + blockIdx.x : blockIdx.x * kWarps + warp;
-  // Per entry, a warp has at most one unit: its entry is k = q0 / (total * nsd).
-  const int kq = kx == 1 ? 0 : q0 / (total * nsd);
+  // Per entry, unit q is entry q % K of (message, slice) q / K, and a warp has at most one unit
+  // (q < nw <= 4096: small_div is exact). Multiplies, not divisions (div_by_mul).
+  const int kq = kx == 1 ? 0 : q0 - small_div(q0, p.topk_mul) * K;
   for (int q = q0; q < units; q += nw) {
-    const int qs = kx == 1 ? q : q - kq * total * nsd;
-    const int qm = qs / nsd, sl = qs % nsd;
+    const int qs = kx == 1 ? q : small_div(q, p.topk_mul);
+    const int qm = div_by_mul(qs, nsd, p.dispatch_slices_mul), sl = qs - qm * nsd;
     const int s = source_of_message(sm.msg_off, W, qm), j = qm - sm.msg_off[s];
     const uint8_t* msg = recv + (static_cast<size_t>(s) * S + j) * p.msg_bytes;
     const int32_t* hdr = reinterpret_cast<const int32_t*>(msg);

@@ -141,6 +141,11 @@ struct CommParams {
   // (about 70 instructions) that every warp ran before the dispatch's first index load.
   int group_index;       // rank % dp_size
   uint64_t dp_mul;       // small_div_mul(dp_size)
+  // The slice arithmetic of the units of dispatch's receive copy and of combine (div_by_mul): the
+  // two to four inlined divisions by the slice counts were most of the ~200 instructions between
+  // the receive half's data barrier and its first load.
+  uint64_t dispatch_slices_mul;  // small_div_mul(dispatch_slices)
+  uint64_t combine_slices_mul;   // small_div_mul(combine_slices)
 };
 static_assert(offsetof(CommParams, recv_map) == 48 && offsetof(CommParams, wave_units_mul) == 104,
               "the W = 1 decode fields fill the parameter block's first 112 bytes");
@@ -162,6 +167,11 @@ constexpr int expert_rank(int e, uint32_t div) {
 constexpr uint64_t small_div_mul(int L) { return ((uint64_t{1} << 32) + static_cast<uint64_t>(L) - 1) / static_cast<uint64_t>(L); }
 constexpr int small_div(int n, uint64_t mul) {
   return static_cast<int>((static_cast<uint64_t>(static_cast<uint32_t>(n)) * mul) >> 32);
+}
+// n / d for 0 <= n and 1 <= d, with mul = small_div_mul(d): one multiply where small_div is exact
+// (n * d <= 2^32, which every unit of a decode call meets), the division beyond (CPU-tested).
+constexpr int div_by_mul(int n, int d, uint64_t mul) {
+  return static_cast<uint64_t>(n) * static_cast<uint64_t>(d) <= (uint64_t{1} << 32) ? small_div(n, mul) : n / d;
 }
 constexpr int piece_mul_index(int piece_chunks) { return piece_chunks == 1 ? 0 : piece_chunks == 4 ? 1 : 2; }
 

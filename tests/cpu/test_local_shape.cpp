@@ -385,5 +385,28 @@ TEST(LocalShape, SmallDivIsTheExactQuotient) {
   }
 }
 
+// The general kernels' unit arithmetic (dispatch's receive copy, combine's units): div_by_mul is
+// n / d for every slice count a message or row can have (up to 129: hidden 65536 in fp32 plus a
+// header) and every numerator: both sides of the multiply's range edge (n * d = 2^32, where it
+// switches to the division), multiples of d and their neighbours below 2^20, random numerators
+// up to INT32_MAX.
+TEST(LocalShape, DivByMulIsTheQuotientOverTheWholeRange) {
+  std::mt19937 rng(std::random_device{}());
+  for (int d = 1; d <= 160; ++d) {
+    const uint64_t mul = kernels::small_div_mul(d);
+    auto check = [&](int64_t n64) {
+      if (n64 < 0 || n64 > INT32_MAX) return;
+      const int n = static_cast<int>(n64);
+      if (kernels::div_by_mul(n, d, mul) != n / d) FAIL() << "n = " << n << ", d = " << d << ": " << kernels::div_by_mul(n, d, mul);
+    };
+    for (int n = 0; n < (1 << 20); n += d) check(n - 1), check(n), check(n + 1), check(n + d - 1);
+    const int64_t edge = static_cast<int64_t>((uint64_t{1} << 32) / static_cast<uint64_t>(d));
+    for (int64_t n = edge - 2 * d; n <= edge + 2 * d; ++n) check(n);
+    for (int i = 0; i < 4096; ++i) check(static_cast<int64_t>(rng() % (static_cast<uint64_t>(INT32_MAX) + 1)));
+    check(INT32_MAX);
+    if (::testing::Test::HasFatalFailure()) return;
+  }
+}
+
 }  // namespace
 }  // namespace epkit::host
