@@ -251,6 +251,7 @@ AllToAll::AllToAll(const Communicator& comm, const AllToAllConfig& cfg_in) : imp
   p.combine_slices = static_cast<int>(I.sym_layout.combine_slices);
   p.dispatch_slices_mul = kernels::small_div_mul(p.dispatch_slices);
   p.combine_slices_mul = kernels::small_div_mul(p.combine_slices);
+  p.counts_row_mul = kernels::small_div_mul(p.num_local_experts + 1);
   p.weights_at_dispatch = cfg.weights_at_dispatch ? 1 : 0;
   p.timeout_ns = static_cast<uint64_t>(resolved_timeout_ms(cfg)) * 1000000ull;
   p.sym = I.sym;

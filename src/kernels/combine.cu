@@ -184,7 +184,7 @@ __device__ __forceinline__ void send_partials(const CommParams& p, const Combine
       }
     }
     EPKIT_STAGE(p, kStRowsSummed);
-    const int p0 = (s / D) * D;  // the source's DP group: every member gets the partial
+    const int p0 = small_div(s, p.dp_mul) * D;  // the source's DP group: every member gets the partial (s * D < 2^32)
     bool any_portable = false;
     for (int dd = 0; dd < D; ++dd) any_portable |= peer_at<kP2P>(p, p0 + dd) == nullptr;
     uint8_t* stage = sym_at<uint8_t>(p, p.off_combine_stage) + msg * out_row;

@@ -440,7 +440,7 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
   bool ok = true;
   const uint64_t* counts = sym_at<uint64_t>(p, p.off_dispatch_counts);
   for (int i = threadIdx.x; i < W * (L + 1); i += blockDim.x) {
-    const int s = i / (L + 1), el = i % (L + 1);
+    const int s = div_by_mul(i, L + 1, p.counts_row_mul), el = i - s * (L + 1);
     uint32_t v = 0;
     if (peer_at<kP2P>(p, s) == nullptr)
       ok = ok && wait_flag(p, count_flag + s, seq, Cmp::kEq, kPhaseDispatchRecv, kWaitDispatchCounts, s, -1, seq);

@@ -146,6 +146,7 @@ struct CommParams {
   // the receive half's data barrier and its first load.
   uint64_t dispatch_slices_mul;  // small_div_mul(dispatch_slices)
   uint64_t combine_slices_mul;   // small_div_mul(combine_slices)
+  uint64_t counts_row_mul;       // small_div_mul(num_local_experts + 1): the receive half's count matrix
 };
 static_assert(offsetof(CommParams, recv_map) == 48 && offsetof(CommParams, wave_units_mul) == 104,
               "the W = 1 decode fields fill the parameter block's first 112 bytes");

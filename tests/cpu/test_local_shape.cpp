@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <random>
 #include <string>
+#include <vector>
 
 #include "epkit/error.hpp"
 #include "epkit/layout.hpp"
@@ -385,14 +386,18 @@ TEST(LocalShape, SmallDivIsTheExactQuotient) {
   }
 }
 
-// The general kernels' unit arithmetic (dispatch's receive copy, combine's units): div_by_mul is
-// n / d for every slice count a message or row can have (up to 129: hidden 65536 in fp32 plus a
-// header) and every numerator: both sides of the multiply's range edge (n * d = 2^32, where it
-// switches to the division), multiples of d and their neighbours below 2^20, random numerators
-// up to INT32_MAX.
+// The general kernels' unit arithmetic (dispatch's receive copy and count matrix, combine's
+// units): div_by_mul is n / d for every slice count a message or row can have (up to 129: hidden
+// 65536 in fp32 plus a header), every count-matrix row (L + 1 <= 4097, sampled past 160) and every
+// numerator: both sides of the multiply's range edge (n * d = 2^32, where it switches to the
+// division), multiples of d and their neighbours below 2^20, random numerators up to INT32_MAX.
 TEST(LocalShape, DivByMulIsTheQuotientOverTheWholeRange) {
   std::mt19937 rng(std::random_device{}());
-  for (int d = 1; d <= 160; ++d) {
+  std::vector<int> divisors;
+  for (int d = 1; d <= 160; ++d) divisors.push_back(d);
+  for (int i = 0; i < 64; ++i) divisors.push_back(161 + static_cast<int>(rng() % (4097 - 161)));
+  divisors.push_back(4097);
+  for (const int d : divisors) {
     const uint64_t mul = kernels::small_div_mul(d);
     auto check = [&](int64_t n64) {
       if (n64 < 0 || n64 > INT32_MAX) return;
