@@ -159,6 +159,10 @@ __device__ __forceinline__ void send_partials(const CommParams& p, const Combine
           kr[r] = kmask ? __ffs(kmask) - 1 : -1;
           kmask &= kmask - 1;
         }
+        // Every row's loads unconditional (a missing row reloads row kr[0], a chunk past the row
+        // its last one; the sum below skips both): predicated, short of registers, each row was
+        // loaded into scratch registers and moved into the array, the move waited for the load,
+        // and the eighth row's load went out after those moves (SASS, CUDA 13.0).
         RawRow<Tin> raw[R][N];
         float w[R];
 #pragma unroll
@@ -168,8 +172,7 @@ __device__ __forceinline__ void send_partials(const CommParams& p, const Combine
           w[r] = __shfl_sync(0xffffffffu, wk, from);
           const Tin* src = y + static_cast<size_t>(row) * H;
 #pragma unroll
-          for (int i = 0; i < N; ++i)
-            if (kr[r] >= 0 && c[i] < chunks) raw[r][i].load(src + c[i] * 8);
+          for (int i = 0; i < N; ++i) raw[r][i].load(src + static_cast<size_t>(min(c[i], chunks - 1)) * 8);
         }
 #pragma unroll
         for (int r = 0; r < R; ++r)
