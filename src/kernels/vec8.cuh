@@ -45,6 +45,16 @@ struct Vec8 {
   }
 };
 
+// bf16 to fp32 is the 16 bits placed high: one shift or one mask per element. (The pair
+// conversion compiled to a shift, a byte permute and a shift per pair, CUDA 13.0.)
+template <>
+__device__ inline void Vec8<__nv_bfloat16>::unpack(int4 v, float* f) {
+  const uint32_t w[4] = {static_cast<uint32_t>(v.x), static_cast<uint32_t>(v.y), static_cast<uint32_t>(v.z),
+                         static_cast<uint32_t>(v.w)};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) f[2 * i] = __uint_as_float(w[i] << 16), f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+}
+
 // Eight elements of an expert-output row, loaded raw (so two rows' loads can be in flight before
 // any conversion) and unpacked to fp32 afterwards.
 template <typename T>
