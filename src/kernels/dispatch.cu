@@ -506,11 +506,10 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
   const int kx = total > 0 && total * nsd * K <= nw ? K : 1;
   const int units = total * nsd * kx;
   const int q0 = units <= nw ? warp * gridDim.x + blockIdx.x : blockIdx.x * kWarps + warp;
-  // Per entry, unit q is entry q % K of (message, slice) q / K, and a warp has at most one unit
-  // (q < nw <= 4096: small_div is exact). Multiplies, not divisions (div_by_mul).
-  const int kq = kx == 1 ? 0 : q0 - small_div(q0, p.topk_mul) * K;
   for (int q = q0; q < units; q += nw) {
-    const int qs = kx == 1 ? q : small_div(q, p.topk_mul);
+    // Per entry, unit q is entry kq = q % K of (message, slice) qs = q / K, and a warp has at most
+    // one unit (q < nw <= 4096: small_div is exact). Multiplies, not divisions (div_by_mul).
+    const int qs = kx == 1 ? q : small_div(q, p.topk_mul), kq = q - qs * kx;
     const int qm = div_by_mul(qs, nsd, p.dispatch_slices_mul), sl = qs - qm * nsd;
     const int s = source_of_message(sm.msg_off, W, qm), j = qm - sm.msg_off[s];
     const uint8_t* msg = recv + (static_cast<size_t>(s) * S + j) * p.msg_bytes;
