@@ -238,11 +238,11 @@ __device__ bool dispatch_send(const CommParams& p, const DispatchIO& io, uint64_
   if (!kLarge) u0 = chunk_begin(n_own, blockIdx.x, gridDim.x), u1 = chunk_begin(n_own, blockIdx.x + 1, gridDim.x);
 
   // One pass (decode): when the block's tokens fit one pass of phase B (a warp per (token, slice))
-  // and their entries one warp (nr * K <= 32), phase A and its two block barriers go. Every warp
-  // knows its unit now and loads it (payload, scales, the header's fixed words) while the
-  // histogram's loads are in flight; after the histogram it takes its entries' ranks and slots
-  // from the histogram's cache with two matches (the ranks in (token, entry) order, the order
-  // phase A's atomics would give one warp), stores, and releases its own slice. At 1 token the
+  // and their entries one warp (nr * K <= 32), phase A and the block's barriers go. Every warp
+  // knows its unit before the histogram ends and loads it (payload, scales, the header's fixed
+  // words) while the histogram's barrier runs; then it takes its entries' ranks and slots from the
+  // histogram's cache with two matches (the ranks in (token, entry) order, an order phase A's
+  // atomics could give), stores, and the token's warps release its slices together. At 1 token the
   // sending block's histogram-to-release was 1.8 us (session 21's last-block stamps), and every
   // receiver waits for it. Block-uniform: every block computes the same nr for itself.
   // Compiled into the all-P2P small-call variant only (decode over NVLink, and W = 1): in the
@@ -250,23 +250,10 @@ __device__ bool dispatch_send(const CommParams& p, const DispatchIO& io, uint64_
   // stores in the portable variant, 36 in the large one, CUDA 13.0), and their decode goes
   // through puts whose latency this does not touch.
   const int nr1 = u1 - u0;
+  // nr * nsd <= 16 warps: named barriers 1 + ui <= 8 when nsd > 1 (0 is the block's).
   const bool one_pass = kP2P && !kLarge && !direct_self && nr1 > 0 && nr1 * K <= kWarpSize && nr1 * nsd <= kWarps;
   const int ui1 = div_by_mul(warp, nsd, p.dispatch_slices_mul), sl1 = warp - ui1 * nsd;
   const bool has_unit = one_pass && ui1 < nr1;
-  int4 pv[kUnroll];
-  float pscv[kScaleRegs];
-  int32_t phw0 = 0, phw1 = 0;
-  if (has_unit) {
-    const int t = (u0 + ui1) * D + gi;
-    load_own_slice(p, io, t, sl1, lane, io.x_scale ? io.x_scale + static_cast<size_t>(t) * p.num_scales : nullptr, pv,
-                   pscv);
-    if (sl1 == 0) {
-      const int hdr_words = p.header_bytes / 4;
-      phw0 = lane < hdr_words ? header_fixed_word(lane, t, K, io.topk_weights) : 0;
-      phw1 = lane + 32 < hdr_words ? header_fixed_word(lane + 32, t, K, io.topk_weights) : 0;
-    }
-  }
-
   for (int x = threadIdx.x; x < E; x += blockDim.x) sm.cnt_total[x] = 0, sm.run_e[x] = 0;
   for (int x = threadIdx.x; x < W; x += blockDim.x) sm.dst_total[x] = 0, sm.run_d[x] = 0, sm.blk_sent[x] = 0;
   __syncthreads();
@@ -298,6 +285,22 @@ __device__ bool dispatch_send(const CommParams& p, const DispatchIO& io, uint64_
     base += kHistUnroll * step;
     if (base < h1) load_round(base);
   }
+  // The one pass's unit, loaded now: issued before the histogram, with its index loads, they
+  // delayed its end by 0.2 us (histogram done, session 22 call 1; V3 and V2-Lite alike).
+  int4 pv[kUnroll];
+  float pscv[kScaleRegs];
+  int32_t phw0 = 0, phw1 = 0;
+  if (has_unit) {
+    const int t = (u0 + ui1) * D + gi;
+    load_own_slice(p, io, t, sl1, lane, io.x_scale ? io.x_scale + static_cast<size_t>(t) * p.num_scales : nullptr, pv,
+                   pscv);
+    if (sl1 == 0) {
+      const int hdr_words = p.header_bytes / 4;
+      phw0 = lane < hdr_words ? header_fixed_word(lane, t, K, io.topk_weights) : 0;
+      phw1 = lane + 32 < hdr_words ? header_fixed_word(lane + 32, t, K, io.topk_weights) : 0;
+    }
+  }
+
   __syncthreads();
   if (lookback) look_back(p, sm, seq);
   EPKIT_STAGE(p, kStHistogramDone);
@@ -331,11 +334,12 @@ __device__ bool dispatch_send(const CommParams& p, const DispatchIO& io, uint64_
   // One unit: own token u (t = u * D + gi, ui within its round)'s slice sl, loaded into v / scv
   // (slice 0: header words hw0 / hw1), stored to every destination rank of the token. Lane k holds
   // entry k's expert e and rank r and, on the token's first entry of each rank, the slot j there
-  // (dmask: those lanes). warp_release (the one pass): the warp releases its slice to each P2P
-  // destination itself, instead of counting it into blk_sent for the block's release.
+  // (dmask: those lanes). token_release (the one pass): the token's nsd warps (warps ui * nsd ..,
+  // consecutive) release its slices to each P2P destination together, instead of counting them into
+  // blk_sent for the block's release.
   const auto store_unit = [&](int ui, int sl, int u, int t, int e, int r, int j, unsigned dmask,
                               const int4 (&v)[kUnroll], const float (&scv)[kScaleRegs], int32_t hw0, int32_t hw1,
-                              bool warp_release) {
+                              bool token_release) {
     const float* src_scale = io.x_scale ? io.x_scale + static_cast<size_t>(t) * p.num_scales : nullptr;
     auto write_slice = [&](uint8_t* msg) {
       if (sl == 0) {
@@ -374,7 +378,7 @@ __device__ bool dispatch_send(const CommParams& p, const DispatchIO& io, uint64_
         if (lane == 0) atomicAdd(&sm.blk_sent[rd], 1);
       } else if (uint8_t* pb = peer_at<kP2P>(p, rd)) {
         write_slice(pb + slot_off);
-        if (!warp_release && lane == 0) atomicAdd(&sm.blk_sent[rd], 1);
+        if (!token_release && lane == 0) atomicAdd(&sm.blk_sent[rd], 1);
       } else {
         if (!staged) {
           write_slice(stage);
@@ -389,14 +393,17 @@ __device__ bool dispatch_send(const CommParams& p, const DispatchIO& io, uint64_
                         sym_at<uint64_t>(p, p.off_dispatch_recv_ctr) + me, 1, NVSHMEM_SIGNAL_ADD, rd);
       }
     }
-    if (warp_release) {
-      // __syncwarp orders the other lanes' stores before each release, and a release is
-      // cumulative: lane k's publishes the whole slice at its destination. One release per
-      // (message, slice), as the block's release counts them.
-      __syncwarp();
-      if ((dmask >> lane) & 1u)
+    if (token_release) {
+      // The token's warps meet (named barrier 1 + ui; __syncwarp for one slice), which orders their
+      // stores before slice 0's warp's releases, and a release is cumulative: lane k's publishes
+      // the token's nsd slices at its destination (the receivers count slices). With a release
+      // per warp (four system fences in the block at V3's 4 slices), send done came 0.5 us later
+      // than with the block's one release (session 22 call 1).
+      if (nsd > 1) named_barrier_sync(1 + ui, nsd * kWarpSize); else __syncwarp();
+      if (sl == 0 && ((dmask >> lane) & 1u))
         if (uint8_t* pb = peer_at<kP2P>(p, r))
-          red_release_sys_add(reinterpret_cast<uint64_t*>(pb + p.off_dispatch_recv_ctr) + me, 1);
+          red_release_sys_add(reinterpret_cast<uint64_t*>(pb + p.off_dispatch_recv_ctr) + me,
+                              static_cast<uint64_t>(nsd));
     }
   };
 
