@@ -445,7 +445,7 @@ __device__ bool dispatch_send(const CommParams& p, const DispatchIO& io, uint64_
           if (header_entry_word(lane + 32, K)) hw1 = (lane & 1) ? rk1 : e1;
         }
       }
-      if (dmask != 0) store_unit(ui, sl, u, t, e, r, j, dmask, pv, pscv, hw0, hw1, true);
+      if (dmask != 0) store_unit(ui, sl, u, t, e, r, j, dmask, pv, pscv, hw0, hw1, false);
     }
   } else {
     for (int r0 = u0; r0 < u1; r0 += kRoundTokens) {
@@ -501,22 +501,21 @@ __device__ bool dispatch_send(const CommParams& p, const DispatchIO& io, uint64_
       }
       __syncthreads();
     }
-    __syncthreads();  // also when this block had no tokens
-    // One release per destination publishes everything this block stored there: the bar.sync above
-    // orders the other threads' stores before it, and release semantics are cumulative, so no
-    // separate system fence is needed. (The counts are tagged words and need no release.) The one
-    // pass has released its slices warp by warp: blk_sent stays 0 there.
-    for (int d = threadIdx.x; d < W; d += blockDim.x) {
-      uint8_t* pb = peer_at<kP2P>(p, d);
-      if (pb == nullptr) {
-        if (direct_self && d == me && sm.blk_sent[d] > 0)  // portable path: our own counter, locally
-          red_release_sys_add(sym_at<uint64_t>(p, p.off_dispatch_recv_ctr) + me, static_cast<uint64_t>(sm.blk_sent[d]));
-        continue;
-      }
-      if (sm.blk_sent[d] > 0)
-        red_release_sys_add(reinterpret_cast<uint64_t*>(pb + p.off_dispatch_recv_ctr) + me,
-                            static_cast<uint64_t>(sm.blk_sent[d]));
+  }
+  __syncthreads();  // also when this block had no tokens
+  // One release per destination publishes everything this block stored there: the bar.sync above
+  // orders the other threads' stores before it, and release semantics are cumulative, so no
+  // separate system fence is needed. (The counts are tagged words and need no release.)
+  for (int d = threadIdx.x; d < W; d += blockDim.x) {
+    uint8_t* pb = peer_at<kP2P>(p, d);
+    if (pb == nullptr) {
+      if (direct_self && d == me && sm.blk_sent[d] > 0)  // portable path: our own counter, locally
+        red_release_sys_add(sym_at<uint64_t>(p, p.off_dispatch_recv_ctr) + me, static_cast<uint64_t>(sm.blk_sent[d]));
+      continue;
     }
+    if (sm.blk_sent[d] > 0)
+      red_release_sys_add(reinterpret_cast<uint64_t*>(pb + p.off_dispatch_recv_ctr) + me,
+                          static_cast<uint64_t>(sm.blk_sent[d]));
   }
   EPKIT_STAGE(p, kStSendDone);
   return direct_self;
