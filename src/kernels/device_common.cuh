@@ -279,18 +279,14 @@ __device__ inline int resolve_num_tokens(const CommParams& p, const TokenCount& 
 // Word wd of token t's dispatch message header (layout.hpp): the token, three zero words, then
 // (expert, rank) per k from e[base + k] / rk[base + k], then the router weights (weights_at_dispatch;
 // -1 without topk_weights) and -1 padding.
-// The words that do not depend on the entries (every wd outside [4, 4 + 2K)): the one-pass send
-// loads them before the ranks are known.
-__device__ __forceinline__ int32_t header_fixed_word(int wd, int t, int K, const float* topk_weights) {
-  if (wd == 0) return t;
-  if (wd < 4) return 0;
-  const int k = wd - 4 - 2 * K;
-  return topk_weights && k >= 0 && k < K ? __float_as_int(topk_weights[static_cast<size_t>(t) * K + k]) : -1;
-}
-__device__ __forceinline__ bool header_entry_word(int wd, int K) { return wd >= 4 && wd < 4 + 2 * K; }
 __device__ __forceinline__ int32_t header_word(int wd, int t, int K, const float* topk_weights, const int* e,
                                                const int* rk, int base) {
-  if (!header_entry_word(wd, K)) return header_fixed_word(wd, t, K, topk_weights);
+  if (wd == 0) return t;
+  if (wd < 4) return 0;
+  if (wd >= 4 + 2 * K) {
+    const int k = wd - 4 - 2 * K;
+    return topk_weights && k < K ? __float_as_int(topk_weights[static_cast<size_t>(t) * K + k]) : -1;
+  }
   const int k = (wd - 4) / 2;
   return ((wd - 4) & 1) ? rk[base + k] : e[base + k];
 }

@@ -30,7 +30,6 @@ struct SendSmem {
   int* tok_e;      // [kRoundTokens][K] expert of each entry of the round's tokens (-1: none)
   int* tok_rk;     // [kRoundTokens][K] its rank within (this rank, expert)
   int* tok_j;      // [kRoundTokens][K] for the first entry of each destination rank: the slot there
-                   // (from the histogram to phase A: that rank, -1 for the other entries; see one_pass)
 };
 // Shared memory, receive half.
 struct RecvSmem {
@@ -235,28 +234,11 @@ __device__ bool dispatch_send(const CommParams& p, const DispatchIO& io, uint64_
   };
   int base = h0 + warp * per_warp;
   if (base < h1) load_round(base);
-  if (!kLarge) u0 = chunk_begin(n_own, blockIdx.x, gridDim.x), u1 = chunk_begin(n_own, blockIdx.x + 1, gridDim.x);
 
-  // One pass (decode): when the block's tokens fit one pass of phase B (a warp per (token, slice))
-  // and their entries one warp (nr * K <= 32), phase A and the block's barriers go. Every warp
-  // knows its unit before the histogram ends and loads it (payload, scales, the header's fixed
-  // words) while the histogram's barrier runs; then it takes its entries' ranks and slots from the
-  // histogram's cache with two matches (the ranks in (token, entry) order, an order phase A's
-  // atomics could give), stores, and the token's warps release its slices together. At 1 token the
-  // sending block's histogram-to-release was 1.8 us (session 21's last-block stamps), and every
-  // receiver waits for it. Block-uniform: every block computes the same nr for itself.
-  // Compiled into the all-P2P small-call variant only (decode over NVLink, and W = 1): in the
-  // others the preloaded registers live across the histogram made ptxas spill (160 bytes of
-  // stores in the portable variant, 36 in the large one, CUDA 13.0), and their decode goes
-  // through puts whose latency this does not touch.
-  const int nr1 = u1 - u0;
-  // nr * nsd <= 16 warps: named barriers 1 + ui <= 8 when nsd > 1 (0 is the block's).
-  const bool one_pass = kP2P && !kLarge && !direct_self && nr1 > 0 && nr1 * K <= kWarpSize && nr1 * nsd <= kWarps;
-  const int ui1 = div_by_mul(warp, nsd, p.dispatch_slices_mul), sl1 = warp - ui1 * nsd;
-  const bool has_unit = one_pass && ui1 < nr1;
   for (int x = threadIdx.x; x < E; x += blockDim.x) sm.cnt_total[x] = 0, sm.run_e[x] = 0;
   for (int x = threadIdx.x; x < W; x += blockDim.x) sm.dst_total[x] = 0, sm.run_d[x] = 0, sm.blk_sent[x] = 0;
   __syncthreads();
+  if (!kLarge) u0 = chunk_begin(n_own, blockIdx.x, gridDim.x), u1 = chunk_begin(n_own, blockIdx.x + 1, gridDim.x);
 
   while (base < h1) {
 #pragma unroll
@@ -267,17 +249,13 @@ __device__ bool dispatch_send(const CommParams& p, const DispatchIO& io, uint64_
       const int r = e >= 0 ? expert_rank(e, p.rank_div) : -1;
       // Lanes of the same token with the same destination: the lowest one counts the message.
       const unsigned same = __match_any_sync(0xffffffffu, e >= 0 ? sub * W + r : -1 - lane);
-      const bool first = e >= 0 && (same & ((1u << lane) - 1)) == 0;
-      // The first round's entries stay in shared memory: phase A (or the one pass) reads them there.
-      if (u >= u0 && u < min(u1, u0 + kRoundTokens) && k < K) {
-        sm.tok_e[(u - u0) * K + k] = e;
-        sm.tok_j[(u - u0) * K + k] = first ? r : -1;
-      }
+      // The first round's entries stay in shared memory: phase A reads them from there.
+      if (u >= u0 && u < min(u1, u0 + kRoundTokens) && k < K) sm.tok_e[(u - u0) * K + k] = e;
       if (e < 0) continue;
       const bool before = u < u0;
       atomicAdd(&sm.cnt_total[e], 1);
       if (before) atomicAdd(&sm.run_e[e], 1);
-      if (first) {
+      if ((same & ((1u << lane) - 1)) == 0) {
         atomicAdd(&sm.dst_total[r], 1);
         if (before) atomicAdd(&sm.run_d[r], 1);
       }
@@ -285,22 +263,6 @@ __device__ bool dispatch_send(const CommParams& p, const DispatchIO& io, uint64_
     base += kHistUnroll * step;
     if (base < h1) load_round(base);
   }
-  // The one pass's unit, loaded now: issued before the histogram, with its index loads, they
-  // delayed its end by 0.2 us (histogram done, session 22 call 1; V3 and V2-Lite alike).
-  int4 pv[kUnroll];
-  float pscv[kScaleRegs];
-  int32_t phw0 = 0, phw1 = 0;
-  if (has_unit) {
-    const int t = (u0 + ui1) * D + gi;
-    load_own_slice(p, io, t, sl1, lane, io.x_scale ? io.x_scale + static_cast<size_t>(t) * p.num_scales : nullptr, pv,
-                   pscv);
-    if (sl1 == 0) {
-      const int hdr_words = p.header_bytes / 4;
-      phw0 = lane < hdr_words ? header_fixed_word(lane, t, K, io.topk_weights) : 0;
-      phw1 = lane + 32 < hdr_words ? header_fixed_word(lane + 32, t, K, io.topk_weights) : 0;
-    }
-  }
-
   __syncthreads();
   if (lookback) look_back(p, sm, seq);
   EPKIT_STAGE(p, kStHistogramDone);
@@ -331,176 +293,110 @@ __device__ bool dispatch_send(const CommParams& p, const DispatchIO& io, uint64_
   EPKIT_STAGE(p, kStCountsWritten);
   const int hdr_words = p.header_bytes / 4;
   const int payload_chunks = p.payload_bytes / 16;
-  // One unit: own token u (t = u * D + gi, ui within its round)'s slice sl, loaded into v / scv
-  // (slice 0: header words hw0 / hw1), stored to every destination rank of the token. Lane k holds
-  // entry k's expert e and rank r and, on the token's first entry of each rank, the slot j there
-  // (dmask: those lanes). token_release (the one pass): the token's nsd warps (warps ui * nsd ..,
-  // consecutive) release its slices to each P2P destination together, instead of counting them into
-  // blk_sent for the block's release.
-  const auto store_unit = [&](int ui, int sl, int u, int t, int e, int r, int j, unsigned dmask,
-                              const int4 (&v)[kUnroll], const float (&scv)[kScaleRegs], int32_t hw0, int32_t hw1,
-                              bool token_release) {
-    const float* src_scale = io.x_scale ? io.x_scale + static_cast<size_t>(t) * p.num_scales : nullptr;
-    auto write_slice = [&](uint8_t* msg) {
-      if (sl == 0) {
-        int32_t* h = reinterpret_cast<int32_t*>(msg);
-        if (lane < hdr_words) h[lane] = hw0;
-        if (lane + 32 < hdr_words) h[lane + 32] = hw1;
-        float* sc = reinterpret_cast<float*>(msg + p.header_bytes);
-#pragma unroll
-        for (int i = 0; i < kScaleRegs; ++i)
-          if (i * kWarpSize + lane < p.num_scales) sc[i * kWarpSize + lane] = scv[i];
-        for (int s = kScaleRegs * kWarpSize + lane; s < p.num_scales; s += kWarpSize)  // hidden > 16384
-          sc[s] = __ldg(src_scale + s);
-      }
-      int4* pl = reinterpret_cast<int4*>(msg + p.payload_offset);
-#pragma unroll
-      for (int q = 0; q < kUnroll; ++q) {
-        const int c = sl * kSliceChunks + q * kWarpSize + lane;
-        if (c < payload_chunks) pl[c] = v[q];
-      }
-    };
-
-    bool staged = false;
-    uint8_t* stage = sym_at<uint8_t>(p, p.off_dispatch_stage) + static_cast<size_t>(u) * p.msg_bytes;
-    for (unsigned mask = dmask; mask; mask &= mask - 1) {
-      const int src_lane = __ffs(mask) - 1;
-      const int rd = __shfl_sync(0xffffffffu, r, src_lane);
-      const int jd = __shfl_sync(0xffffffffu, j, src_lane);
-      const size_t slot_off = p.off_dispatch_recv + (static_cast<size_t>(me) * S + jd) * p.msg_bytes;
-      if (direct_self && rd == me) {
-        int slot = -1;  // own tokens lead every local expert's run: the slot is the rank within it
-        if (lane < K && e >= 0 && r == me) {
-          const int rk = sm.tok_rk[ui * K + lane];
-          slot = rk < p.capacity ? (e - me * L) * p.capacity + rk : -1;
-        }
-        write_own(p, io, v[0], v[1], v[2], v[3], slot, sl, t, me * S + jd, src_scale, seq);
-        if (lane == 0) atomicAdd(&sm.blk_sent[rd], 1);
-      } else if (uint8_t* pb = peer_at<kP2P>(p, rd)) {
-        write_slice(pb + slot_off);
-        if (!token_release && lane == 0) atomicAdd(&sm.blk_sent[rd], 1);
-      } else {
-        if (!staged) {
-          write_slice(stage);
-          __syncwarp();
-          __threadfence();
-          staged = true;
-        }
-        const size_t lo = sl == 0 ? 0 : p.payload_offset + static_cast<size_t>(sl) * kSliceChunks * 16;
-        const size_t hi = min(static_cast<size_t>(p.msg_bytes),
-                              p.payload_offset + static_cast<size_t>(sl + 1) * kSliceChunks * 16);
-        put_signal_warp(p.sym + slot_off + lo, stage + lo, hi - lo,
-                        sym_at<uint64_t>(p, p.off_dispatch_recv_ctr) + me, 1, NVSHMEM_SIGNAL_ADD, rd);
-      }
-    }
-    if (token_release) {
-      // The token's warps meet (named barrier 1 + ui; __syncwarp for one slice), which orders their
-      // stores before slice 0's warp's releases, and a release is cumulative: lane k's publishes
-      // the token's nsd slices at its destination (the receivers count slices). With a release
-      // per warp (four system fences in the block at V3's 4 slices), send done came 0.5 us later
-      // than with the block's one release (session 22 call 1).
-      if (nsd > 1) named_barrier_sync(1 + ui, nsd * kWarpSize); else __syncwarp();
-      if (sl == 0 && ((dmask >> lane) & 1u))
-        if (uint8_t* pb = peer_at<kP2P>(p, r))
-          red_release_sys_add(reinterpret_cast<uint64_t*>(pb + p.off_dispatch_recv_ctr) + me,
-                              static_cast<uint64_t>(nsd));
-    }
-  };
-
-  if (one_pass) {
-    if (has_unit) {
-      const int ui = ui1, sl = sl1, u = u0 + ui, t = u * D + gi;
-      // Lanes 0..K-1 take this token's entries, lanes K..(ui + 1) * K - 1 the pass's earlier tokens'
-      // (nr * K <= 32), from the histogram's cache: the expert, and the rank on a token's first
-      // entry of each rank. Ranks in (token, entry) order: an entry's rank within (this rank,
-      // expert) is the count before this block, plus the earlier tokens' entries of that expert,
-      // plus this token's lower entries of it; a message's slot likewise.
-      const bool own = lane < K;
-      const int ci = own ? ui * K + lane : lane - K;
-      const bool cached = own || ci < ui * K;
-      const int ce = cached ? sm.tok_e[ci] : -1;
-      const int cr = cached ? sm.tok_j[ci] : -1;
-      const unsigned same_e = __match_any_sync(0xffffffffu, ce >= 0 ? ce : -1 - lane);
-      const unsigned same_r = __match_any_sync(0xffffffffu, cr >= 0 ? cr : -1 - lane);
-      const unsigned own_mask = 0xffffffffu >> (kWarpSize - K), lower = (1u << lane) - 1;
-      const int e = own ? ce : -1;
+  for (int r0 = u0; r0 < u1; r0 += kRoundTokens) {
+    const int nr = min(kRoundTokens, u1 - r0);
+    // Round, phase A: one warp per token takes its ranks and destination slots.
+    for (int ui = warp; ui < nr; ui += kWarps) {
+      const int u = r0 + ui, t = u * D + gi;
+      const int e = lane >= K ? -1
+                    : r0 == u0 ? sm.tok_e[ui * K + lane]  // cached by the histogram
+                               : read_expert(p, io.topk_idx, io.idx_type, static_cast<int64_t>(t) * K + lane,
+                                             kPhaseDispatchSend, t, seq, false);
+      const int rk = e >= 0 ? atomicAdd(&sm.run_e[e], 1) : 0;
       const int r = e >= 0 ? expert_rank(e, p.rank_div) : -1;
-      const int rk = e >= 0 ? sm.run_e[e] + __popc(same_e & (~own_mask | lower)) : 0;
-      const int j = own && cr >= 0 ? sm.run_d[cr] + __popc(same_r & ~own_mask) : -1;
-      const unsigned dmask = __ballot_sync(0xffffffffu, j >= 0);
-      int32_t hw0 = phw0, hw1 = phw1;
-      if (sl == 0) {
-        int32_t* slot_row = p.send_slot + static_cast<size_t>(u) * W;
-#pragma unroll 1
-        for (int x = lane; x < W; x += kWarpSize) slot_row[x] = -1;
-        __syncwarp();
-        if (j >= 0) slot_row[r] = j;
-        // The header's entry words: word 4 + 2k is entry k's expert, 5 + 2k its rank.
-        const int k0 = ((lane - 4) >> 1) & (kWarpSize - 1);
-        const int e0 = __shfl_sync(0xffffffffu, e, k0), rk0 = __shfl_sync(0xffffffffu, rk, k0);
-        if (header_entry_word(lane, K)) hw0 = (lane & 1) ? rk0 : e0;
-        if (4 + 2 * K > kWarpSize) {  // K > 14: words 32.. too
-          const int k1 = (lane + 28) >> 1;
-          const int e1 = __shfl_sync(0xffffffffu, e, k1), rk1 = __shfl_sync(0xffffffffu, rk, k1);
-          if (header_entry_word(lane + 32, K)) hw1 = (lane & 1) ? rk1 : e1;
-        }
-      }
-      if (dmask != 0) store_unit(ui, sl, u, t, e, r, j, dmask, pv, pscv, hw0, hw1, false);
-    }
-  } else {
-    for (int r0 = u0; r0 < u1; r0 += kRoundTokens) {
-      const int nr = min(kRoundTokens, u1 - r0);
-      // Round, phase A: one warp per token takes its ranks and destination slots.
-      for (int ui = warp; ui < nr; ui += kWarps) {
-        const int u = r0 + ui, t = u * D + gi;
-        const int e = lane >= K ? -1
-                      : r0 == u0 ? sm.tok_e[ui * K + lane]  // cached by the histogram
-                                 : read_expert(p, io.topk_idx, io.idx_type, static_cast<int64_t>(t) * K + lane,
-                                               kPhaseDispatchSend, t, seq, false);
-        const int rk = e >= 0 ? atomicAdd(&sm.run_e[e], 1) : 0;
-        const int r = e >= 0 ? expert_rank(e, p.rank_div) : -1;
-        const unsigned same = __match_any_sync(0xffffffffu, r);
-        const bool first = e >= 0 && (same & ((1u << lane) - 1)) == 0;
-        const int j = first ? atomicAdd(&sm.run_d[r], 1) : -1;
-        int32_t* slot_row = p.send_slot + static_cast<size_t>(u) * W;
+      const unsigned same = __match_any_sync(0xffffffffu, r);
+      const bool first = e >= 0 && (same & ((1u << lane) - 1)) == 0;
+      const int j = first ? atomicAdd(&sm.run_d[r], 1) : -1;
+      int32_t* slot_row = p.send_slot + static_cast<size_t>(u) * W;
 #pragma unroll 1  // rolled, like the short loops below: unrolled, they were 400 instructions
-        for (int x = lane; x < W; x += kWarpSize) slot_row[x] = -1;
-        __syncwarp();
-        if (first) slot_row[r] = j;
-        if (lane < K) {
-          sm.tok_e[ui * K + lane] = e;
-          sm.tok_rk[ui * K + lane] = rk;
-          sm.tok_j[ui * K + lane] = j;
-        }
+      for (int x = lane; x < W; x += kWarpSize) slot_row[x] = -1;
+      __syncwarp();
+      if (first) slot_row[r] = j;
+      if (lane < K) {
+        sm.tok_e[ui * K + lane] = e;
+        sm.tok_rk[ui * K + lane] = rk;
+        sm.tok_j[ui * K + lane] = j;
       }
-      __syncthreads();
-      // Round, phase B: one warp per (token, slice) loads the slice once and stores it to every
-      // destination rank of the token.
-      for (int w = warp; w < nr * nsd; w += kWarps) {
-        const int ui = div_by_mul(w, nsd, p.dispatch_slices_mul), sl = w - ui * nsd, u = r0 + ui, t = u * D + gi;
-        const int e = lane < K ? sm.tok_e[ui * K + lane] : -1;
-        const int j = lane < K ? sm.tok_j[ui * K + lane] : -1;
-        const int r = e >= 0 ? expert_rank(e, p.rank_div) : -1;
-        const unsigned dmask = __ballot_sync(0xffffffffu, j >= 0);
-        if (dmask == 0) continue;
-
-        int4 v[kUnroll];
-        float scv[kScaleRegs];
-        load_own_slice(p, io, t, sl, lane, io.x_scale ? io.x_scale + static_cast<size_t>(t) * p.num_scales : nullptr,
-                       v, scv);
-        // Slice 0 also carries the header and the scales.
-        int32_t hw0 = 0, hw1 = 0;
-        if (sl == 0) {
-          auto word = [&](int wd) {
-            return header_word(wd, t, K, io.topk_weights, sm.tok_e, sm.tok_rk, ui * K);
-          };
-          hw0 = lane < hdr_words ? word(lane) : 0;
-          hw1 = lane + 32 < hdr_words ? word(lane + 32) : 0;
-        }
-        store_unit(ui, sl, u, t, e, r, j, dmask, v, scv, hw0, hw1, false);
-      }
-      __syncthreads();
     }
+    __syncthreads();
+    // Round, phase B: one warp per (token, slice) loads the slice once and stores it to every
+    // destination rank of the token.
+    for (int w = warp; w < nr * nsd; w += kWarps) {
+      const int ui = div_by_mul(w, nsd, p.dispatch_slices_mul), sl = w - ui * nsd, u = r0 + ui, t = u * D + gi;
+      const int e = lane < K ? sm.tok_e[ui * K + lane] : -1;
+      const int j = lane < K ? sm.tok_j[ui * K + lane] : -1;
+      const int r = e >= 0 ? expert_rank(e, p.rank_div) : -1;
+      const unsigned dmask = __ballot_sync(0xffffffffu, j >= 0);
+      if (dmask == 0) continue;
+
+      int4 v[kUnroll];
+      float scv[kScaleRegs];
+      const float* src_scale = io.x_scale ? io.x_scale + static_cast<size_t>(t) * p.num_scales : nullptr;
+      load_own_slice(p, io, t, sl, lane, src_scale, v, scv);
+      // Slice 0 also carries the header and the scales.
+      int32_t hw0 = 0, hw1 = 0;
+      if (sl == 0) {
+        auto word = [&](int wd) {
+          return header_word(wd, t, K, io.topk_weights, sm.tok_e, sm.tok_rk, ui * K);
+        };
+        hw0 = lane < hdr_words ? word(lane) : 0;
+        hw1 = lane + 32 < hdr_words ? word(lane + 32) : 0;
+      }
+      auto write_slice = [&](uint8_t* msg) {
+        if (sl == 0) {
+          int32_t* h = reinterpret_cast<int32_t*>(msg);
+          if (lane < hdr_words) h[lane] = hw0;
+          if (lane + 32 < hdr_words) h[lane + 32] = hw1;
+          float* sc = reinterpret_cast<float*>(msg + p.header_bytes);
+#pragma unroll
+          for (int i = 0; i < kScaleRegs; ++i)
+            if (i * kWarpSize + lane < p.num_scales) sc[i * kWarpSize + lane] = scv[i];
+          for (int s = kScaleRegs * kWarpSize + lane; s < p.num_scales; s += kWarpSize)  // hidden > 16384
+            sc[s] = __ldg(src_scale + s);
+        }
+        int4* pl = reinterpret_cast<int4*>(msg + p.payload_offset);
+#pragma unroll
+        for (int q = 0; q < kUnroll; ++q) {
+          const int c = sl * kSliceChunks + q * kWarpSize + lane;
+          if (c < payload_chunks) pl[c] = v[q];
+        }
+      };
+
+      bool staged = false;
+      uint8_t* stage = sym_at<uint8_t>(p, p.off_dispatch_stage) + static_cast<size_t>(u) * p.msg_bytes;
+      for (unsigned mask = dmask; mask; mask &= mask - 1) {
+        const int src_lane = __ffs(mask) - 1;
+        const int rd = __shfl_sync(0xffffffffu, r, src_lane);
+        const int jd = __shfl_sync(0xffffffffu, j, src_lane);
+        const size_t slot_off = p.off_dispatch_recv + (static_cast<size_t>(me) * S + jd) * p.msg_bytes;
+        if (direct_self && rd == me) {
+          int slot = -1;  // own tokens lead every local expert's run: the slot is the rank within it
+          if (lane < K && e >= 0 && r == me) {
+            const int rk = sm.tok_rk[ui * K + lane];
+            slot = rk < p.capacity ? (e - me * L) * p.capacity + rk : -1;
+          }
+          write_own(p, io, v[0], v[1], v[2], v[3], slot, sl, t, me * S + jd, src_scale, seq);
+          if (lane == 0) atomicAdd(&sm.blk_sent[rd], 1);
+        } else if (uint8_t* pb = peer_at<kP2P>(p, rd)) {
+          write_slice(pb + slot_off);
+          if (lane == 0) atomicAdd(&sm.blk_sent[rd], 1);
+        } else {
+          if (!staged) {
+            write_slice(stage);
+            __syncwarp();
+            __threadfence();
+            staged = true;
+          }
+          const size_t lo = sl == 0 ? 0 : p.payload_offset + static_cast<size_t>(sl) * kSliceChunks * 16;
+          const size_t hi = min(static_cast<size_t>(p.msg_bytes),
+                                p.payload_offset + static_cast<size_t>(sl + 1) * kSliceChunks * 16);
+          put_signal_warp(p.sym + slot_off + lo, stage + lo, hi - lo,
+                                          sym_at<uint64_t>(p, p.off_dispatch_recv_ctr) + me, 1, NVSHMEM_SIGNAL_ADD,
+                                          rd);
+        }
+      }
+    }
+    __syncthreads();
   }
   __syncthreads();  // also when this block had no tokens
   // One release per destination publishes everything this block stored there: the bar.sync above
