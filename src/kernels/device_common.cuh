@@ -39,6 +39,10 @@ __device__ __forceinline__ uint64_t ld_relaxed_sys(const uint64_t* p) {
 __device__ __forceinline__ void red_release_sys_add(uint64_t* p, uint64_t v) {
   asm volatile("red.release.sys.global.add.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
+// GPU scope: for a reader on this GPU (our own counters), where the system-scope fence is not needed.
+__device__ __forceinline__ void red_release_gpu_add(uint64_t* p, uint64_t v) {
+  asm volatile("red.release.gpu.global.add.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
 __device__ __forceinline__ uint64_t global_timer_ns() {
   uint64_t t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));

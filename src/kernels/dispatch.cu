@@ -401,7 +401,9 @@ __device__ bool dispatch_send(const CommParams& p, const DispatchIO& io, uint64_
   __syncthreads();  // also when this block had no tokens
   // One release per destination publishes everything this block stored there: the bar.sync above
   // orders the other threads' stores before it, and release semantics are cumulative, so no
-  // separate system fence is needed. (The counts are tagged words and need no release.)
+  // separate system fence is needed. (The counts are tagged words and need no release.) Our own
+  // messages are read on this GPU: a GPU-scope release publishes them (the reader's acquire is
+  // system-scope, which includes us), without the system-scope fence.
   for (int d = threadIdx.x; d < W; d += blockDim.x) {
     uint8_t* pb = peer_at<kP2P>(p, d);
     if (pb == nullptr) {
@@ -409,9 +411,13 @@ __device__ bool dispatch_send(const CommParams& p, const DispatchIO& io, uint64_
         red_release_sys_add(sym_at<uint64_t>(p, p.off_dispatch_recv_ctr) + me, static_cast<uint64_t>(sm.blk_sent[d]));
       continue;
     }
-    if (sm.blk_sent[d] > 0)
-      red_release_sys_add(reinterpret_cast<uint64_t*>(pb + p.off_dispatch_recv_ctr) + me,
-                          static_cast<uint64_t>(sm.blk_sent[d]));
+    if (sm.blk_sent[d] > 0) {
+      uint64_t* ctr = reinterpret_cast<uint64_t*>(pb + p.off_dispatch_recv_ctr) + me;
+      if (d == me)
+        red_release_gpu_add(ctr, static_cast<uint64_t>(sm.blk_sent[d]));
+      else
+        red_release_sys_add(ctr, static_cast<uint64_t>(sm.blk_sent[d]));
+    }
   }
   EPKIT_STAGE(p, kStSendDone);
   return direct_self;
