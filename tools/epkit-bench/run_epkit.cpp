@@ -1,6 +1,7 @@
 #include "run_epkit.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -51,11 +52,27 @@ void print_stage_times(AllToAll& a2a, const Communicator& comm, const DispatchAr
   }
   if (comm.rank() != 0) return;
   const auto names = a2a.stage_timestamps();
+  // %globaltimer advances in steps (256 ns on the H200 of session 22), so every sample, and so the
+  // median, is a whole number of steps: a 0.1 us change shows as 0 or one step. The stamped moments
+  // fall at random phases of the step, so the mean of many samples resolves below it: printed too,
+  // with the step (the smallest nonzero difference between two samples of one stage).
+  double step = 0;
+  for (const auto& v : since_start)
+    for (size_t i = 1; i < v.size(); ++i) {
+      const double d = std::abs(v[i] - v[i - 1]);
+      if (d > 1e-3 && (step == 0 || d < step)) step = d;
+    }
   std::printf("[stages] %s tokens=%d, block 0 of rank 0, median us since dispatch start:", preset.c_str(), tokens);
   for (size_t s = 1; s < since_start.size(); ++s) {
     std::vector<double> v = since_start[s];
     std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
     std::printf("%s %s %.1f", s == 1 ? "" : ",", names[s].first.c_str(), v[v.size() / 2]);
+  }
+  std::printf("\n[stages] %s tokens=%d, mean of %d (timer step %.3f us):", preset.c_str(), tokens, iters, step);
+  for (size_t s = 1; s < since_start.size(); ++s) {
+    double sum = 0;
+    for (double x : since_start[s]) sum += x;
+    std::printf("%s %s %.2f", s == 1 ? "" : ",", names[s].first.c_str(), sum / static_cast<double>(since_start[s].size()));
   }
   std::printf("\n");
 }
