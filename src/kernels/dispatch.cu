@@ -401,23 +401,18 @@ __device__ bool dispatch_send(const CommParams& p, const DispatchIO& io, uint64_
   __syncthreads();  // also when this block had no tokens
   // One release per destination publishes everything this block stored there: the bar.sync above
   // orders the other threads' stores before it, and release semantics are cumulative, so no
-  // separate system fence is needed. (The counts are tagged words and need no release.) Our own
-  // messages are read on this GPU: a GPU-scope release publishes them (the reader's acquire is
-  // system-scope, which includes us), without the system-scope fence.
+  // separate system fence is needed. (The counts are tagged words and need no release.) blk_sent
+  // counts only direct stores (P2P peers, and ourselves with direct_self); portable peers' puts
+  // signal by themselves. Our own counter is read on this GPU: a GPU-scope release publishes to
+  // it (the reader's acquire is system-scope, which includes us), without the system-scope fence.
   for (int d = threadIdx.x; d < W; d += blockDim.x) {
-    uint8_t* pb = peer_at<kP2P>(p, d);
-    if (pb == nullptr) {
-      if (direct_self && d == me && sm.blk_sent[d] > 0)  // portable path: our own counter, locally
-        red_release_sys_add(sym_at<uint64_t>(p, p.off_dispatch_recv_ctr) + me, static_cast<uint64_t>(sm.blk_sent[d]));
-      continue;
-    }
-    if (sm.blk_sent[d] > 0) {
-      uint64_t* ctr = reinterpret_cast<uint64_t*>(pb + p.off_dispatch_recv_ctr) + me;
-      if (d == me)
-        red_release_gpu_add(ctr, static_cast<uint64_t>(sm.blk_sent[d]));
-      else
-        red_release_sys_add(ctr, static_cast<uint64_t>(sm.blk_sent[d]));
-    }
+    const uint64_t n = static_cast<uint64_t>(sm.blk_sent[d]);
+    if (n == 0) continue;
+    uint64_t* ctr = reinterpret_cast<uint64_t*>((d == me ? p.sym : peer_at<kP2P>(p, d)) + p.off_dispatch_recv_ctr) + me;
+    if (d == me)
+      red_release_gpu_add(ctr, n);
+    else
+      red_release_sys_add(ctr, n);
   }
   EPKIT_STAGE(p, kStSendDone);
   return direct_self;
