@@ -626,7 +626,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   LayerTail tail;
   TokenUnit first;
   const int m = do_recv ? resolve_num_tokens(p, io.m, kPhaseCombineRecv, seq, false) : 0;
-  if (do_recv) tail.load(p), first.load(p, io, m);
+  if (do_recv) tail.load(p);
   if (do_send) combine_send<Tin, Tout, kLarge, kP2P>(p, io, seq, smem);
   EPKIT_STAGE(p, kStPartialsSent);
   if (do_recv) {
