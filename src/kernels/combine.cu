@@ -414,31 +414,12 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
 // (both ranks' tagged words in flight at once spilled 500 bytes); a lane whose chunks have not all
 // landed waits for them out of line and loads them again, so that nothing loaded is live across
 // the call.
-// The token side's first unit of a warp (recv_partials' mapping) and its entries' raw indices,
-// loaded at the combine kernel's start: decoded after the warp's partial, the index load is no
-// longer one more round trip between the partial and the token's sum. q = -1: none.
-struct TokenUnit {
-  int q = -1;
-  ExpertWord x = no_expert_word();
-  static __device__ __forceinline__ int first_q(const CommParams& p, int m) {
-    const int nsc = p.combine_slices, warp = threadIdx.x / kWarpSize, nw = gridDim.x * kWarps;
-    return m * nsc <= nw ? warp * gridDim.x + blockIdx.x : blockIdx.x * kWarps + warp;
-  }
-  __device__ __forceinline__ void load(const CommParams& p, const CombineIO& io, int m) {
-    const int lane = threadIdx.x % kWarpSize, q0 = first_q(p, m);
-    if (q0 >= m * p.combine_slices) return;
-    q = q0;
-    const int t = div_by_mul(q0, p.combine_slices, p.combine_slices_mul);
-    if (lane < p.topk) x = load_expert(io.topk_idx, io.idx_type, static_cast<int64_t>(t) * p.topk + lane);
-  }
-};
-
 template <typename Tout, bool kTagged>
-__device__ __forceinline__ void recv_partials(const CommParams& p, const CombineIO& io, uint64_t seq, int m,
-                                              const TokenUnit& first) {
+__device__ __forceinline__ void recv_partials(const CommParams& p, const CombineIO& io, uint64_t seq, int m) {
   const int K = p.topk, M = p.max_tokens, H = p.hidden;
   const int nsc = p.combine_slices;
-  const int lane = threadIdx.x % kWarpSize, nw = gridDim.x * kWarps;
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  const int gw = blockIdx.x * kWarps + warp, nw = gridDim.x * kWarps;
   const uint64_t* flags = sym_at<uint64_t>(p, p.off_combine_flag);
   const uint8_t* partials = sym_at<uint8_t>(p, p.off_combine_recv);
   const size_t row_stride = p.combine_row_bytes;
@@ -447,14 +428,13 @@ __device__ __forceinline__ void recv_partials(const CommParams& p, const Combine
   // One (token, slice) per block first when they fit one wave, as in send_partials. (Taken from each
   // block's last warp down, on warps the send groups leave free, they gained nothing at 1-4 tokens
   // and lost 0.3-0.4 us at 128: session 19.)
-  const int q0 = TokenUnit::first_q(p, m);
+  const int q0 = m * nsc <= nw ? warp * gridDim.x + blockIdx.x : gw;
 
   for (int q = q0; q < m * nsc; q += nw) {
     const int t = div_by_mul(q, nsc, p.combine_slices_mul), sl = q - t * nsc;
-    const ExpertWord x = q == first.q ? first.x
-                         : lane < K  ? load_expert(io.topk_idx, io.idx_type, static_cast<int64_t>(t) * K + lane)
-                                     : no_expert_word();
-    const int e = lane < K ? decode_expert(p, x, io.idx_type, kPhaseCombineRecv, t, seq, false) : -1;
+    const int e = lane < K ? read_expert(p, io.topk_idx, io.idx_type, static_cast<int64_t>(t) * K + lane,
+                                         kPhaseCombineRecv, t, seq, false)
+                           : -1;
     const int r = e >= 0 ? expert_rank(e, p.rank_div) : -1;
     const unsigned same = __match_any_sync(0xffffffffu, r);
     const bool first = e >= 0 && (same & ((1u << lane) - 1)) == 0;
@@ -546,12 +526,13 @@ __device__ __forceinline__ void recv_partials(const CommParams& p, const Combine
 
 // kTaggable: the small P2P variant, the only one an object with tagged partials runs.
 template <typename Tout, bool kTaggable>
-__device__ void combine_recv(const CommParams& p, const CombineIO& io, uint64_t seq, int m, const TokenUnit& first) {
+__device__ void combine_recv(const CommParams& p, const CombineIO& io, uint64_t seq) {
   const int W = p.world_size;
+  const int m = resolve_num_tokens(p, io.m, kPhaseCombineRecv, seq, false);
   if (kTaggable && p.tagged_partials)
-    recv_partials<Tout, true>(p, io, seq, m, first);
+    recv_partials<Tout, true>(p, io, seq, m);
   else
-    recv_partials<Tout, false>(p, io, seq, m, first);
+    recv_partials<Tout, false>(p, io, seq, m);
 
   EPKIT_STAGE(p, kStTokensSummed);
   // The only global barrier: every peer has entered combine (so is done with its dispatch buffers).
@@ -624,13 +605,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   wait_previous_kernel();
   const uint64_t seq = *reinterpret_cast<volatile uint64_t*>(&p.state->seq);  // not waited for until used
   LayerTail tail;
-  TokenUnit first;
-  const int m = do_recv ? resolve_num_tokens(p, io.m, kPhaseCombineRecv, seq, false) : 0;
   if (do_recv) tail.load(p);
   if (do_send) combine_send<Tin, Tout, kLarge, kP2P>(p, io, seq, smem);
   EPKIT_STAGE(p, kStPartialsSent);
   if (do_recv) {
-    combine_recv<Tout, !kLarge && kP2P>(p, io, seq, m, first);
+    combine_recv<Tout, !kLarge && kP2P>(p, io, seq);
     finish_layer(p, seq, tail);
   }
 }
