@@ -83,6 +83,30 @@ __device__ __forceinline__ void wait_previous_kernel() {
 #endif
 }
 
+// Every 64-byte line of a kernel's parameter objects into the SM's constant cache at once. A
+// kernel's first read of a parameter line misses on every SM (session 17's launch probe), and the
+// decode path reads its parameters where it needs them, so those misses came one after the other
+// on the chain. Called by each block's last warp before wait_previous_kernel (parameters are valid
+// at launch, so with a programmatic launch the fills overlap the previous kernel): that warp waits
+// for the loads at once, the others find the lines filled or on their way. The xor of the words
+// means nothing: its store to a shared word nobody reads keeps the loads (an empty asm did not, and
+// behind a branch that is never taken the compiler moved them under the branch).
+template <typename T>
+__device__ __forceinline__ uint32_t param_lines_xor(const T& a) {
+  static_assert(sizeof(T) % 4 == 0, "parameter objects are whole words");
+  const uint32_t* w = reinterpret_cast<const uint32_t*>(&a);
+  uint32_t x = w[sizeof(T) / 4 - 1];  // the last line, wherever the stride below ends
+#pragma unroll
+  for (size_t i = 0; i < sizeof(T) / 4; i += 16) x ^= w[i];
+  return x;
+}
+template <typename IO>
+__device__ __forceinline__ void touch_param_lines(const CommParams& p, const IO& io) {
+  __shared__ uint32_t sink;
+  const uint32_t x = param_lines_xor(p) ^ param_lines_xor(io);
+  if (threadIdx.x % kWarpSize == 0) *static_cast<volatile uint32_t*>(&sink) = x;
+}
+
 // kernel<<<shape.blocks, kThreads, shape.smem_bytes, stream>>>(args...), allowed to be scheduled
 // before the previous kernel in the stream ends (programmatic stream serialization); the kernel
 // must start with wait_previous_kernel(). Capturable: graphs keep it as a programmatic edge. More
