@@ -602,7 +602,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     combine_kernel(const __grid_constant__ CommParams p, const __grid_constant__ CombineIO io, bool do_send,
                    bool do_recv) {
   extern __shared__ int smem[];
-  if (threadIdx.x / kWarpSize == kWarps - 1) touch_param_lines(p, io);
   wait_previous_kernel();
   const uint64_t seq = *reinterpret_cast<volatile uint64_t*>(&p.state->seq);  // not waited for until used
   LayerTail tail;

@@ -85,10 +85,13 @@ __device__ __forceinline__ void wait_previous_kernel() {
 
 // Every 64-byte line of a kernel's parameter objects into the SM's constant cache at once. A
 // kernel's first read of a parameter line misses on every SM (session 17's launch probe), and the
-// decode path reads its parameters where it needs them, so those misses came one after the other
-// on the chain. Called by each block's last warp before wait_previous_kernel (parameters are valid
-// at launch, so with a programmatic launch the fills overlap the previous kernel): that warp waits
-// for the loads at once, the others find the lines filled or on their way. The xor of the words
+// decode path reads its parameters where it needs them, so those misses can come one after the
+// other on the chain. Called by each block's last warp before wait_previous_kernel (parameters are
+// valid at launch, so with a programmatic launch the fills overlap the previous kernel): that warp
+// waits for the loads at once, the others find the lines filled or on their way. The W = 1 kernels
+// only (local.cu): there it measured -0.1 to -0.3 us per pair in the graph replay, the same in
+// every round, and nothing event-timed; in the general kernels +0.1 to +0.3 event-timed (session 23,
+// call 2; docs/perf-notes/2026-12-04-combine-rows-s23.md). The xor of the words
 // means nothing: its store to a shared word nobody reads keeps the loads (an empty asm did not, and
 // behind a branch that is never taken the compiler moved them under the branch).
 template <typename T>
