@@ -64,12 +64,10 @@ WorkspaceLayout WorkspaceLayout::make(const AllToAllConfig& c) {
   Carver cv;
   w.state = cv.take(4096);  // DeviceState; its size is checked against this bound at compile time
   w.send_slot = cv.take(S * W * sizeof(int32_t));
-  w.num_msgs = cv.take((W + 1) * sizeof(int32_t));
+  w.num_msgs = cv.take(W * sizeof(int32_t));
   w.recv_base = cv.take(W * sizeof(uint64_t));
   w.weights_base = cv.take(W * sizeof(uint64_t));
-  // Rows of (K + 4) ints rounded up to 4 (the general kernels, map_row_ints in kernel_params.hpp); at
-  // W = 1 the local kernels use the first M rows of K + 1 ints (S = M there).
-  w.recv_map = cv.take(W * S * ((K + 7) / 4 * 4) * sizeof(int32_t));
+  w.recv_map = cv.take(W * S * (K + 1) * sizeof(int32_t));
   w.peer_bases = cv.take(W * sizeof(void*));
   w.hist_stride = align_up(static_cast<size_t>(c.num_experts) + W, 4);
   w.block_hist = cv.take(kMaxGridBlocks * w.hist_stride * sizeof(int32_t));

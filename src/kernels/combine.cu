@@ -52,27 +52,7 @@ struct PendingFlags {
 
 struct CombineSmem {
   int* nmsg;      // [W]
-  int* msg_off;   // [W + 2]: position i (source me + i mod W) -> its first recv_map row; then the total
-                  // and the largest nmsg (the small P2P variant fills only the total)
-};
-
-// A received message's recv_map row (kernel_params.hpp, map_row_ints), as the lanes of a warp hold
-// it: the token, its source, its message index, and lane k's entry slot.
-struct MapRow {
-  int t = 0, s = 0, msg = 0, slot = -1;
-};
-__device__ __forceinline__ MapRow load_map_row(const CommParams& p, int row, int lane) {
-  const int32_t* r = p.recv_map + static_cast<size_t>(row) * map_row_ints(p.topk);
-  const int4 h = *reinterpret_cast<const int4*>(r);
-  MapRow m;
-  m.t = h.x, m.s = h.y, m.msg = h.z;
-  m.slot = lane < p.topk ? r[4 + lane] : -1;
-  return m;
-}
-// The row a warp loaded before combine_send's barrier (the small P2P variant): row `row` (-1: none).
-struct SpecRow {
-  int row = -1;
-  MapRow m;
+  int* msg_off;   // [W + 1] prefix of nmsg; then the largest nmsg
 };
 
 constexpr int kUnroll = 4;                          // 8-element chunks per lane per slice
@@ -90,15 +70,13 @@ constexpr int kSliceChunks = kWarpSize * kUnroll;   // 1024 elements: kSliceByte
 // consecutive in one block: they store, meet at named barrier 1 + warp / G, and the first raises
 // the slice's flag. bar.sync orders the other warps' stores before its release, which is
 // cumulative, as __syncwarp and the release order the lanes' stores of one warp.
-// spec: the first unit's row, if the warp loaded it before the barrier (used when it is the row the
-// warp's first unit needs).
 template <int G, typename Tin, typename Tout, bool kLarge, bool kP2P>
 __device__ __forceinline__ void send_partials(const CommParams& p, const CombineIO& io, uint64_t seq,
-                                              const CombineSmem& sm, PendingFlags& flags, const SpecRow& spec) {
+                                              const CombineSmem& sm, PendingFlags& flags) {
   static_assert(G == 1 || (!kLarge && kP2P), "warp groups: the small P2P variant only");
   static_assert(kUnroll % G == 0 && kWarps % G == 0, "a group's warps split the lane's chunks, within one block");
   constexpr int N = kUnroll / G, R = 2 * G;
-  const int W = p.world_size, K = p.topk, D = p.dp_size, M = p.max_tokens, H = p.hidden;
+  const int W = p.world_size, K = p.topk, D = p.dp_size, S = p.max_msgs_per_src, M = p.max_tokens, H = p.hidden;
   const int me = p.rank, nsc = p.combine_slices;
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
   const int gw = blockIdx.x * kWarps + warp, nw = gridDim.x * kWarps;
@@ -117,15 +95,17 @@ __device__ __forceinline__ void send_partials(const CommParams& p, const Combine
   const Tin* y = static_cast<const Tin*>(io.expert_y);
   for (int q = grp; q < span * nsc; q += ngroups) {
     const int qv = div_by_mul(q, nsc, p.combine_slices_mul), sl = q - qv * nsc;
-    int row = qv;  // small calls: unit qv is the call's qv-th message, recv_map row qv
+    int s, j;
     if constexpr (kLarge) {
-      const int j = qv / W, i = qv - j * W;  // position i = source me + i: own tokens' partials start the interleave
-      if (j >= sm.nmsg[me + i < W ? me + i : me + i - W]) continue;
-      row = sm.msg_off[i] + j;
+      j = qv / W, s = (qv + me) % W;  // own tokens' partials start the interleave
+      if (j >= sm.nmsg[s]) continue;
+    } else {
+      s = source_of_message(sm.msg_off, W, qv), j = qv - sm.msg_off[s];
     }
-    const MapRow mr = row == spec.row ? spec.m : load_map_row(p, row, lane);
-    const int s = mr.s, t = mr.t, slot = mr.slot;
-    const size_t msg = static_cast<size_t>(mr.msg);
+    const size_t msg = static_cast<size_t>(s) * S + j;
+    const int32_t* map = p.recv_map + msg * (K + 1);
+    const int t = map[0];
+    const int slot = lane < K ? map[1 + lane] : -1;
     uint32_t wbits = 0;  // on a timeout the error is recorded and the layer fails; the weight stays 0
     if (lane < K) wait_tagged(p, wrecv + msg * K + lane, seq, wbits, kPhaseCombineSend, kWaitWeights, s);
     const float wk = __uint_as_float(wbits);
@@ -303,29 +283,6 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
   // and shared at the barrier before the partials: read there, its load was one more round trip
   // before the first partial. Every wait below is bounded, and ends early on an abort by itself.
   const bool aborted_early = threadIdx.x == 0 && is_aborted(p);
-  // The small P2P variant needs no per-source counts: unit q's message is recv_map row q / nsc, and
-  // the call's total (dispatch_recv's block 0 wrote it) bounds the units. Thread 0 loads the total
-  // beside the abort flag, and each warp loads the row its first unit will probably need, so both
-  // are in flight while the weights go out and the block meets at the barrier (before, the counts'
-  // load, two barriers and then the row's load came one after the other before the first partial).
-  // The guess assumes every own token reaches min(W, K) ranks and so many messages arrive; a warp
-  // whose first unit turns out to be another row loads that one.
-  constexpr bool kCountFree = !kLarge && kP2P;
-  int total = 0;
-  if (kCountFree && threadIdx.x == 0) total = p.num_msgs[W];
-  SpecRow spec;
-  if constexpr (kCountFree) {
-    // send_partials' mapping for that many units; G is 1, 2 or 4, so shifts stand in for / G. A row
-    // past the guess is not loaded (every row below W * S is in the workspace).
-    const int guess = min(num_own_tokens(p, m) * min(W, K), W * S), units = guess * nsc;
-    const int lg = combine_send_group(units, nw) >> 1, gw = blockIdx.x * kWarps + warp;
-    const int grp = units <= (nw >> lg) ? (warp >> lg) * gridDim.x + blockIdx.x : gw >> lg;
-    const int row = small_div(grp, p.combine_slices_mul);  // exact for any decode call; inexact only misses
-    if (grp < units && row < guess) {
-      spec.row = row;
-      spec.m = load_map_row(p, row, lane);
-    }
-  }
   // One warp per own token, every block's second-to-last warp first (block by block), then the
   // warps below it (and the last warp, after warp 0): the partials and the token side start from
   // warp 0 and the layer tail's loads are the last warp's, so at decode the warp that sends a
@@ -363,26 +320,19 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
   EPKIT_STAGE(p, kStWeightsSent);
   // Portable sources: wait for the weights of every message we received from them in the matching
   // dispatch. P2P sources' weights are read below, each as it lands.
-  if constexpr (kCountFree) {
-    if (threadIdx.x == 0) sm.msg_off[W] = total;
-  } else {
-    const uint64_t* wctr = sym_at<uint64_t>(p, p.off_weights_recv_ctr);
-    for (int s = threadIdx.x; s < W; s += blockDim.x) {
-      sm.nmsg[s] = p.num_msgs[s];
-      if (!p.weights_at_dispatch && peer_at<kP2P>(p, s) == nullptr)
-        wait_flag(p, wctr + s, p.weights_base[s] + sm.nmsg[s], Cmp::kGe, kPhaseCombineSend, kWaitWeights, s, -1, seq);
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {  // first row of each source's messages, in the rows' order (own source first)
-      int acc = 0, most = 0;
+  const uint64_t* wctr = sym_at<uint64_t>(p, p.off_weights_recv_ctr);
+  for (int s = threadIdx.x; s < W; s += blockDim.x) {
+    sm.nmsg[s] = p.num_msgs[s];
+    if (!p.weights_at_dispatch && peer_at<kP2P>(p, s) == nullptr)
+      wait_flag(p, wctr + s, p.weights_base[s] + sm.nmsg[s], Cmp::kGe, kPhaseCombineSend, kWaitWeights, s, -1, seq);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int acc = 0, most = 0;
 #pragma unroll 1  // one thread, W steps: unrolled it was 150 instructions
-      for (int i = 0; i < W; ++i) {
-        const int n = sm.nmsg[me + i < W ? me + i : me + i - W];
-        sm.msg_off[i] = acc, acc += n, most = max(most, n);
-      }
-      sm.msg_off[W] = acc;
-      sm.msg_off[W + 1] = most;
-    }
+    for (int s = 0; s < W; ++s) sm.msg_off[s] = acc, acc += sm.nmsg[s], most = max(most, sm.nmsg[s]);
+    sm.msg_off[W] = acc;
+    sm.msg_off[W + 1] = most;
   }
   // Block-uniform (send_partials' groups meet at named barriers, so no warp may leave alone).
   const bool aborted = __syncthreads_or(aborted_early);
@@ -396,14 +346,14 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
     const int units = sm.msg_off[W] * nsc;
     const int G = combine_send_group(units, nw);
     if (G == 4) {
-      send_partials<4, Tin, Tout, kLarge, kP2P>(p, io, seq, sm, flags, spec);
+      send_partials<4, Tin, Tout, kLarge, kP2P>(p, io, seq, sm, flags);
     } else if (G == 2) {
-      send_partials<2, Tin, Tout, kLarge, kP2P>(p, io, seq, sm, flags, spec);
+      send_partials<2, Tin, Tout, kLarge, kP2P>(p, io, seq, sm, flags);
     } else {
-      send_partials<1, Tin, Tout, kLarge, kP2P>(p, io, seq, sm, flags, spec);
+      send_partials<1, Tin, Tout, kLarge, kP2P>(p, io, seq, sm, flags);
     }
   } else {
-    send_partials<1, Tin, Tout, kLarge, kP2P>(p, io, seq, sm, flags, spec);
+    send_partials<1, Tin, Tout, kLarge, kP2P>(p, io, seq, sm, flags);
   }
   if constexpr (kLarge) flags.flush(lane, D, seq);
 }

@@ -141,12 +141,12 @@ __device__ __forceinline__ void load_own_slice(const CommParams& p, const Dispat
 }
 
 // direct_self: one slice of one of our own tokens into its local experts' slots (slot: lane k's
-// entry, -1 when not local or past capacity); slice 0 also writes the scales, the token's recv_map
-// row (row jd: our own messages come first) and router weights at message index me * S + jd, where
-// combine looks them up. Out of line, like the other paths small calls rarely take.
+// entry, -1 when not local or past capacity); slice 0 also writes the scales and the token's
+// recv_map row (and router weights) at message index msg, where combine looks them up. Out of line,
+// like the other paths small calls rarely take.
 static_assert(kUnroll == 4, "write_own takes the slice as four int4 values");
 static __device__ __noinline__ void write_own(const CommParams& p, const DispatchIO& io, int4 v0, int4 v1, int4 v2,
-                                              int4 v3, int slot, int sl, int t, int jd, const float* src_scale,
+                                              int4 v3, int slot, int sl, int t, int msg, const float* src_scale,
                                               uint64_t seq) {
   const int K = p.topk, lane = threadIdx.x % kWarpSize;
   const int4 v[kUnroll] = {v0, v1, v2, v3};  // by value: a reference would put the caller's slice on the stack
@@ -158,10 +158,9 @@ static __device__ __noinline__ void write_own(const CommParams& p, const Dispatc
     float* dst = io.expert_x_scale + static_cast<size_t>(__shfl_sync(0xffffffffu, slot, __ffs(m) - 1)) * p.num_scales;
     for (int x = lane; x < p.num_scales; x += kWarpSize) dst[x] = __ldg(src_scale + x);
   }
-  const int msg = p.rank * p.max_msgs_per_src + jd;
-  int32_t* map = p.recv_map + static_cast<size_t>(jd) * map_row_ints(K);
-  if (lane == 0) *reinterpret_cast<int4*>(map) = make_int4(t, p.rank, msg, 0);
-  if (lane < K) map[4 + lane] = slot;
+  int32_t* map = p.recv_map + static_cast<size_t>(msg) * (K + 1);
+  if (lane == 0) map[0] = t;
+  if (lane < K) map[1 + lane] = slot;
   if (p.weights_at_dispatch && lane < K)  // where combine_send would otherwise receive them
     sym_at<uint64_t>(p, p.off_weights_recv)[static_cast<size_t>(msg) * K + lane] =
         tag_word(seq, __float_as_uint(io.topk_weights[static_cast<size_t>(t) * K + lane]));
@@ -376,7 +375,7 @@ __device__ bool dispatch_send(const CommParams& p, const DispatchIO& io, uint64_
             const int rk = sm.tok_rk[ui * K + lane];
             slot = rk < p.capacity ? (e - me * L) * p.capacity + rk : -1;
           }
-          write_own(p, io, v[0], v[1], v[2], v[3], slot, sl, t, jd, src_scale, seq);
+          write_own(p, io, v[0], v[1], v[2], v[3], slot, sl, t, me * S + jd, src_scale, seq);
           if (lane == 0) atomicAdd(&sm.blk_sent[rd], 1);
         } else if (uint8_t* pb = peer_at<kP2P>(p, rd)) {
           write_slice(pb + slot_off);
@@ -475,18 +474,11 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
     int* tot = first + L + 1;
     packed_first_rows(p, io, tot, first, tot + L, kPhaseDispatchRecv, seq);
   }
-  // The messages to copy, in the order of their recv_map rows (kernel_params.hpp, map_row_ints):
-  // our own source first (position i is source me + i mod W); none of our own with direct_self, where
-  // the send half placed them and wrote their rows. Block 0 publishes the total for combine_send.
-  if (threadIdx.x == 0) {
+  if (threadIdx.x == 0) {  // the messages to copy (none of our own with direct_self: the send half placed them)
     int acc = 0;
 #pragma unroll 1
-    for (int i = 0; i < W; ++i) {
-      sm.msg_off[i] = acc;
-      acc += direct_self && i == 0 ? 0 : sm.nmsg[me + i < W ? me + i : me + i - W];
-    }
+    for (int s = 0; s < W; ++s) sm.msg_off[s] = acc, acc += direct_self && s == me ? 0 : sm.nmsg[s];
     sm.msg_off[W] = acc;
-    if (blockIdx.x == 0) p.num_msgs[W] = acc + (direct_self ? sm.nmsg[me] : 0);
   }
   if (blockIdx.x == 0)
     for (int s = threadIdx.x; s < W; s += blockDim.x) p.num_msgs[s] = sm.nmsg[s];
@@ -503,7 +495,6 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
   if (stop_data) return;
 
   const int total = sm.msg_off[W];
-  const int row0 = direct_self ? sm.nmsg[me] : 0;  // recv_map rows of our own messages come first
   const int payload_chunks = p.payload_bytes / 16;
   const uint8_t* recv = sym_at<uint8_t>(p, p.off_dispatch_recv);
   // Units: one warp per (message, slice), or, when (message, slice, entry) units fit one wave
@@ -521,7 +512,7 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
     // one unit (q < nw <= 4096: small_div is exact). Multiplies, not divisions (div_by_mul).
     const int qs = kx == 1 ? q : small_div(q, p.topk_mul), kq = q - qs * kx;
     const int qm = div_by_mul(qs, nsd, p.dispatch_slices_mul), sl = qs - qm * nsd;
-    const int i = source_of_message(sm.msg_off, W, qm), s = me + i < W ? me + i : me + i - W, j = qm - sm.msg_off[i];
+    const int s = source_of_message(sm.msg_off, W, qm), j = qm - sm.msg_off[s];
     const uint8_t* msg = recv + (static_cast<size_t>(s) * S + j) * p.msg_bytes;
     const int32_t* hdr = reinterpret_cast<const int32_t*>(msg);
     // Issue the slice's loads first; the header is small and read while they are in flight.
@@ -544,9 +535,9 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
     // loaded one by one, the rank's load sat behind the branch on the expert (only an entry of
     // ours needs it) and the token's behind both, two more round trips (SASS, CUDA 13.0).
     int slot = -1;
-    int32_t* map = p.recv_map + static_cast<size_t>(row0 + qm) * map_row_ints(K);
+    int32_t* map = p.recv_map + (static_cast<size_t>(s) * S + j) * (K + 1);
     const int2 erk = lane < K ? __ldcg(reinterpret_cast<const int2*>(hdr + 4) + lane) : make_int2(-1, 0);
-    if (sl == 0 && kq == 0 && lane == 0) *reinterpret_cast<int4*>(map) = make_int4(__ldcg(hdr), s, s * S + j, 0);
+    if (sl == 0 && kq == 0 && lane == 0) map[0] = __ldcg(hdr);
     if (erk.x >= 0 && expert_rank(erk.x, p.rank_div) == me) {
       const int el = erk.x - me * L;
       const int pos = sm.off[s * L + el] + erk.y;
@@ -554,7 +545,7 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
     }
     EPKIT_STAGE(p, kStCopyLoaded);
     if (sl == 0 && kq == 0) {  // the map row and weights: once per message (entry 0's unit)
-      if (lane < K) map[4 + lane] = slot;
+      if (lane < K) map[1 + lane] = slot;
       if (p.weights_at_dispatch && lane < K)  // where combine_send would otherwise receive them
         sym_at<uint64_t>(p, p.off_weights_recv)[(static_cast<size_t>(s) * S + j) * K + lane] =
             tag_word(seq, static_cast<uint32_t>(__ldcg(hdr + 4 + 2 * K + lane)));

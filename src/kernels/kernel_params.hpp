@@ -94,8 +94,7 @@ struct CommParams {
   int packed_rows;       // packed: R
   int num_local_experts;
   int local_piece_chunks;   // W = 1, M < kLocalLargeTokens: 16-byte chunks per lane of one scatter unit (1 or 4)
-  int32_t* recv_map;    // general kernels: [W * S][map_row_ints(K)], messages own source first (below);
-                        // local.cu (W = 1): [M][K + 1]
+  int32_t* recv_map;    // [W][S][K + 1]
   uint8_t* sym;                 // this rank's symmetric base (nvshmem addresses)
   size_t off_weights_recv;
   // World size 1 (local.cu): small_div_mul of the divisors of its unit arithmetic, so that a unit's
@@ -121,7 +120,7 @@ struct CommParams {
 
   DeviceState* state;
   int32_t* send_slot;   // [S][W]
-  int32_t* num_msgs;    // [W + 1]: messages from each source, then their total
+  int32_t* num_msgs;    // [W]
   uint64_t* recv_base;     // [W] dispatch slices consumed per source, over all earlier calls
   uint64_t* weights_base;  // [W] weight rows consumed per source, over all earlier calls
   int32_t* block_hist;  // [kMaxGridBlocks][hist_stride]: each dispatch block's (expert, destination) counts
@@ -176,16 +175,6 @@ constexpr int div_by_mul(int n, int d, uint64_t mul) {
   return static_cast<uint64_t>(n) * static_cast<uint64_t>(d) <= (uint64_t{1} << 32) ? small_div(n, mul) : n / d;
 }
 constexpr int piece_mul_index(int piece_chunks) { return piece_chunks == 1 ? 0 : piece_chunks == 4 ? 1 : 2; }
-
-// The general kernels' recv_map row of a received message (written by dispatch_recv, or by
-// dispatch_send for our own tokens with direct_self; read by combine_send): {token, source, the
-// message's index source * S + j}, one unused word, then entry k's expert_x row (-1: not ours or
-// past the room), padded to 16 bytes so the first four words are one load. Rows are numbered
-// over the call's received messages, our own source first, then me + 1, ..., W - 1, 0, ...,
-// me - 1: row q of a call is its q-th message in that order, so combine_send finds a unit's row
-// from its index alone (no per-source counts or prefix before its first load), and dispatch_send
-// can write our own messages' rows (rows 0 ... before any peer's count is known).
-constexpr int map_row_ints(int K) { return (K + 4 + 3) / 4 * 4; }
 
 // Index dtype codes for topk_idx.
 enum IndexType : int32_t { kIdxInt32 = 0, kIdxInt64 = 1, kIdxUInt32 = 2 };
