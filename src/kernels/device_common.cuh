@@ -84,7 +84,7 @@ __device__ __forceinline__ void wait_previous_kernel() {
 }
 
 // Every 64-byte line of a kernel's parameter objects into the SM's constant cache at once. A
-// kernel's first read of a parameter line misses on every SM (session 17's launch probe), and the
+// kernel's first read of a parameter line misses on every SM (the launch probe, bench/results/ab-w1-s15/), and the
 // decode path reads its parameters where it needs them, so those misses can come one after the
 // other on the chain. Called by each block's last warp before wait_previous_kernel (parameters are
 // valid at launch, so with a programmatic launch the fills overlap the previous kernel): that warp
