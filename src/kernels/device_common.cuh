@@ -86,9 +86,9 @@ __device__ __forceinline__ void wait_previous_kernel() {
 // Every 64-byte line of a kernel's parameter objects into the SM's constant cache at once. A
 // kernel's first read of a parameter line misses on every SM (the launch probe, bench/results/ab-w1-s15/), and the
 // decode path reads its parameters where it needs them, so those misses can come one after the
-// other on the chain. Called by each block's last warp before wait_previous_kernel (parameters are
-// valid at launch, so with a programmatic launch the fills overlap the previous kernel): that warp
-// waits for the loads at once, the others find the lines filled or on their way. The W = 1 kernels
+// other on the chain. Every thread calls it before wait_previous_kernel (parameters are valid at
+// launch, so with a programmatic launch the fills overlap the previous kernel); the block's last
+// warp loads, and waits for the loads at once, the others find the lines filled or on their way. The W = 1 kernels
 // only (local.cu): there it measured -0.1 to -0.3 us per pair in the graph replay, the same in
 // every round, and nothing event-timed; in the general kernels +0.1 to +0.3 event-timed (session 23,
 // call 2; docs/perf-notes/2026-12-04-combine-rows-s23.md). The xor of the words
@@ -106,6 +106,7 @@ __device__ __forceinline__ uint32_t param_lines_xor(const T& a) {
 template <typename IO>
 __device__ __forceinline__ void touch_param_lines(const CommParams& p, const IO& io) {
   __shared__ uint32_t sink;
+  if (threadIdx.x / kWarpSize != kWarps - 1) return;
   const uint32_t x = param_lines_xor(p) ^ param_lines_xor(io);
   if (threadIdx.x % kWarpSize == 0) *static_cast<volatile uint32_t*>(&sink) = x;
 }

@@ -918,7 +918,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     local_dispatch_kernel(const __grid_constant__ CommParams p, const __grid_constant__ DispatchIO io, bool do_send,
                           bool do_recv) {
   extern __shared__ int smem[];
-  if (threadIdx.x / kWarpSize == kWarps - 1) touch_param_lines(p, io);  // device_common.cuh
+  touch_param_lines(p, io);  // device_common.cuh
   wait_previous_kernel();
   if (do_send) {
     if constexpr (kLarge) {
@@ -940,7 +940,7 @@ template <int U, LocalSmallPath kPath>
 __global__ void __launch_bounds__(kThreads, 1)
     local_dispatch_path_kernel(const __grid_constant__ CommParams p, const __grid_constant__ DispatchIO io) {
   extern __shared__ int smem[];
-  if (threadIdx.x / kWarpSize == kWarps - 1) touch_param_lines(p, io);  // device_common.cuh
+  touch_param_lines(p, io);  // device_common.cuh
   wait_previous_kernel();
   if constexpr (kPath == LocalSmallPath::kRank) {
     local_dispatch_small<U, true>(p, io, smem, true);
@@ -1078,7 +1078,7 @@ template <typename Tin, typename Tout, bool kLarge>
 __global__ void __launch_bounds__(kThreads, 1)
     local_combine_kernel(const __grid_constant__ CommParams p, const __grid_constant__ CombineIO io, bool do_send,
                          bool do_recv) {
-  if (threadIdx.x / kWarpSize == kWarps - 1) touch_param_lines(p, io);  // device_common.cuh
+  touch_param_lines(p, io);  // device_common.cuh
   wait_previous_kernel();
   EPKIT_STAGE(p, kStCombineStart);
   // Reported by dispatch only: one bad m is one error, not one per kernel of the layer.
@@ -1105,7 +1105,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 template <typename Tin, typename Tout, int kChunks>
 __global__ void __launch_bounds__(kThreads, 1)
     local_combine_wave_kernel(const __grid_constant__ CommParams p, const __grid_constant__ CombineIO io) {
-  if (threadIdx.x / kWarpSize == kWarps - 1) touch_param_lines(p, io);  // device_common.cuh
+  touch_param_lines(p, io);  // device_common.cuh
   wait_previous_kernel();
   EPKIT_STAGE(p, kStCombineStart);
   // A large object's dispatch of this layer may have taken the large path (device m) and counted
