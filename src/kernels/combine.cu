@@ -253,26 +253,6 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
   CombineSmem sm{smem, smem + W};
 
   EPKIT_STAGE(p, kStCombineStart);
-  // This rank no longer reads its dispatch buffers: dispatch_recv, the only reader of what a peer's
-  // next dispatch_send writes (messages, counts, arrival counters), ran in an earlier kernel of this
-  // stream, which griddepcontrol.wait has seen complete. So every peer is told now, by a warp with
-  // nothing else to do at this point, and the release finds no store of this kernel to wait for. The
-  // token side waits for all of these flags before returning, so nobody starts the next dispatch
-  // early. Raised after the partials, its release waited for the warp's partial stores to complete,
-  // and that warp then took its token-side unit.
-  // The flag (= seq) goes to every peer, one lane per peer (docs/ARCHITECTURE.md, buffer reuse).
-  // The last block's last warp: the weights' warps below start from every block's second-to-last
-  // warp, and the partials from the first warps, so at decode this warp does only this and the
-  // layer tail's loads.
-  if (blockIdx.x == gridDim.x - 1 && warp == kWarps - 1) {
-    for (int d = threadIdx.x % kWarpSize; d < p.world_size; d += kWarpSize) {
-      if (uint8_t* pb = peer_at<kP2P>(p, d)) {
-        st_release_sys(reinterpret_cast<uint64_t*>(pb + p.off_barrier_flag) + p.rank, seq);
-      } else {
-        signal_remote(sym_at<uint64_t>(p, p.off_barrier_flag) + p.rank, seq, NVSHMEM_SIGNAL_SET, d);
-      }
-    }
-  }
   // Router weights of our own tokens to every rank we dispatched them to, into the same slot, as
   // tagged words (device_common.cuh): a P2P receiver reads each as it lands, with no counter and no
   // release; a portable one after its put's signal.
@@ -319,12 +299,13 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
 
   EPKIT_STAGE(p, kStWeightsSent);
   // Portable sources: wait for the weights of every message we received from them in the matching
-  // dispatch. P2P sources' weights are read below, each as it lands.
+  // dispatch (its dispatch_recv added them to weights_base). P2P sources' weights are read below,
+  // each as it lands.
   const uint64_t* wctr = sym_at<uint64_t>(p, p.off_weights_recv_ctr);
   for (int s = threadIdx.x; s < W; s += blockDim.x) {
     sm.nmsg[s] = p.num_msgs[s];
     if (!p.weights_at_dispatch && peer_at<kP2P>(p, s) == nullptr)
-      wait_flag(p, wctr + s, p.weights_base[s] + sm.nmsg[s], Cmp::kGe, kPhaseCombineSend, kWaitWeights, s, -1, seq);
+      wait_flag(p, wctr + s, p.weights_base[s], Cmp::kGe, kPhaseCombineSend, kWaitWeights, s, -1, seq);
   }
   __syncthreads();
   if (threadIdx.x == 0) {
@@ -477,7 +458,6 @@ __device__ __forceinline__ void recv_partials(const CommParams& p, const Combine
 // kTaggable: the small P2P variant, the only one an object with tagged partials runs.
 template <typename Tout, bool kTaggable>
 __device__ void combine_recv(const CommParams& p, const CombineIO& io, uint64_t seq) {
-  const int W = p.world_size;
   const int m = resolve_num_tokens(p, io.m, kPhaseCombineRecv, seq, false);
   if (kTaggable && p.tagged_partials)
     recv_partials<Tout, true>(p, io, seq, m);
@@ -485,64 +465,55 @@ __device__ void combine_recv(const CommParams& p, const CombineIO& io, uint64_t 
     recv_partials<Tout, false>(p, io, seq, m);
 
   EPKIT_STAGE(p, kStTokensSummed);
-  // The only global barrier: every peer has entered combine (so is done with its dispatch buffers).
-  if (blockIdx.x == 0) {
-    const uint64_t* bar = sym_at<uint64_t>(p, p.off_barrier_flag);
-    for (int s = threadIdx.x; s < W; s += blockDim.x)
-      wait_flag(p, bar + s, seq, Cmp::kEq, kPhaseCombineRecv, kWaitBarrier, s, -1, seq);
+}
+
+// The layer's bookkeeping, on one warp of the combine kernel (the last block's last warp: the
+// weights' warps start from every block's second-to-last warp and the partials and the token side
+// from the first ones, so at decode this warp does nothing else). None of it waits for the other
+// blocks: at decode their work and this run side by side, and every block leaves when its own work
+// is done (a finished-block counter, until session 24, held each block for an acq_rel atomic and
+// the last one for its stores).
+//
+// raise_barrier (combine_send): this rank no longer reads its dispatch buffers. dispatch_recv, the
+// only reader of what a peer's next dispatch_send writes (messages, counts, arrival counters), ran
+// in an earlier kernel of this stream, which griddepcontrol.wait has seen complete, so every peer
+// is told now (flag = seq, one lane per peer; docs/ARCHITECTURE.md, buffer reuse), and the release
+// finds no store of this kernel to wait for. (Raised after the partials, it waited for the warp's
+// partial stores, and that warp then took its token-side unit.)
+template <bool kP2P>
+__device__ __forceinline__ void raise_barrier(const CommParams& p, uint64_t seq) {
+  for (int d = threadIdx.x % kWarpSize; d < p.world_size; d += kWarpSize) {
+    if (uint8_t* pb = peer_at<kP2P>(p, d)) {
+      st_release_sys(reinterpret_cast<uint64_t*>(pb + p.off_barrier_flag) + p.rank, seq);
+    } else {
+      signal_remote(sym_at<uint64_t>(p, p.off_barrier_flag) + p.rank, seq, NVSHMEM_SIGNAL_SET, d);
+    }
+  }
+}
+
+// advance_layer (combine_recv): the next call's seq and per-source dispatch arrival bases. Their
+// only readers are the dispatch kernels (this layer's are complete: griddepcontrol.wait; the next
+// layer's start after this kernel ends), and the combine kernels read seq from combine_seq, so they
+// are written at once, from values loaded here. (The weights' bases are advanced by dispatch_recv:
+// combine_send reads them.)
+__device__ __forceinline__ void advance_layer(const CommParams& p, uint64_t seq) {
+  const int lane = threadIdx.x % kWarpSize;
+  for (int s = lane; s < p.world_size; s += kWarpSize)
+    p.recv_base[s] += static_cast<uint64_t>(p.num_msgs[s]) * p.dispatch_slices;  // slices per message
+  if (lane == 0) *reinterpret_cast<volatile uint64_t*>(&p.state->seq) = seq + 1;
+}
+
+// wait_barrier (combine_recv): the only global barrier. The kernel does not end before every peer
+// has entered combine (so is done with its dispatch buffers): a fast rank can never start the next
+// dispatch while a slow one still reads them.
+__device__ __forceinline__ void wait_barrier(const CommParams& p, uint64_t seq) {
+  const uint64_t* bar = sym_at<uint64_t>(p, p.off_barrier_flag);
+  for (int s = threadIdx.x % kWarpSize; s < p.world_size; s += kWarpSize)
+    wait_flag(p, bar + s, seq, Cmp::kEq, kPhaseCombineRecv, kWaitBarrier, s, -1, seq);
 #ifdef EPKIT_STAGE_TIMERS
-    __syncthreads();
-    EPKIT_STAGE(p, kStBarrierPassed);
+  __syncwarp();
+  if (threadIdx.x % kWarpSize == 0) p.state->stage_ns[kStBarrierPassed] = global_timer_ns();
 #endif
-  }
-}
-
-// What finish_layer advances, loaded at the start of the combine kernel so that the layer's last
-// block does no dependent loads at the very end of the layer. Thread kThreads - 1 - s loads source
-// s's (the block's last warp, which has no other work at decode): the values live across calls, so
-// they are spilled, and the spill's store waits for the load. In warp 0, thread s's, that wait came
-// before the warp's first partial.
-struct LayerTail {
-  uint64_t recv_base = 0, weights_base = 0;
-  int32_t num_msgs = 0;
-  static __device__ __forceinline__ int source() { return kThreads - 1 - static_cast<int>(threadIdx.x); }
-  __device__ void load(const CommParams& p) {
-    const int s = source();
-    if (s >= p.world_size) return;
-    recv_base = p.recv_base[s];
-    weights_base = p.weights_base[s];
-    num_msgs = p.num_msgs[s];
-  }
-};
-
-__device__ __forceinline__ unsigned atomic_add_acq_rel_gpu(unsigned* p, unsigned v) {
-  unsigned old;
-  asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
-  return old;
-}
-
-// The last block to finish the layer advances the sequence number and the per-source bases. Its
-// acq_rel count orders every other block's reads of seq (at their start) before these writes, and
-// the kernel boundary publishes them to the next call.
-__device__ void finish_layer(const CommParams& p, uint64_t seq, const LayerTail& tail) {
-  __shared__ int last_block;
-  __syncthreads();
-  if (threadIdx.x == 0) last_block = atomic_add_acq_rel_gpu(&p.state->done_blocks, 1u) == gridDim.x - 1;
-  __syncthreads();
-  if (!last_block) return;
-  // Dispatch arrival counts slices, weights arrival counts rows: both bases advance per message.
-  // Only portable sources' weight counters move (P2P weights are tagged words); their bases advance
-  // for every source anyway, unread for P2P ones, so that no peer lookup joins the layer's tail.
-  for (int s = LayerTail::source(); s < p.world_size; s += blockDim.x) {
-    const bool mine = s == LayerTail::source();  // preloaded
-    const uint64_t n = static_cast<uint64_t>(mine ? tail.num_msgs : p.num_msgs[s]);
-    p.recv_base[s] = (mine ? tail.recv_base : p.recv_base[s]) + n * p.dispatch_slices;
-    if (!p.weights_at_dispatch) p.weights_base[s] = (mine ? tail.weights_base : p.weights_base[s]) + n;
-  }
-  if (threadIdx.x == 0) {
-    p.state->done_blocks = 0;
-    *reinterpret_cast<volatile uint64_t*>(&p.state->seq) = seq + 1;  // the next call's
-  }
 }
 
 // __grid_constant__: the cold paths take p by reference; without it every thread keeps a stack
@@ -553,14 +524,18 @@ __global__ void __launch_bounds__(kThreads, 1)
                    bool do_recv) {
   extern __shared__ int smem[];
   wait_previous_kernel();
-  const uint64_t seq = *reinterpret_cast<volatile uint64_t*>(&p.state->seq);  // not waited for until used
-  LayerTail tail;
-  if (do_recv) tail.load(p);
+  // This call's seq, as dispatch_recv stored it (not waited for until used).
+  const uint64_t seq = *reinterpret_cast<volatile uint64_t*>(&p.state->combine_seq);
+  const bool tail_warp = blockIdx.x == gridDim.x - 1 && threadIdx.x / kWarpSize == kWarps - 1;
+  if (tail_warp) {
+    if (do_send) raise_barrier<kP2P>(p, seq);
+    if (do_recv) advance_layer(p, seq);
+  }
   if (do_send) combine_send<Tin, Tout, kLarge, kP2P>(p, io, seq, smem);
   EPKIT_STAGE(p, kStPartialsSent);
   if (do_recv) {
     combine_recv<Tout, !kLarge && kP2P>(p, io, seq);
-    finish_layer(p, seq, tail);
+    if (tail_warp) wait_barrier(p, seq);
   }
 }
 

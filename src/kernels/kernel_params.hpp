@@ -62,11 +62,14 @@ struct DeviceState {
   // The call in flight, or the next one: calls completed + 1 (the host sets 1 at creation). Stored
   // ahead so that a kernel's first instruction on the loaded value is its first real use: with
   // "calls completed" every kernel added 1 right after the load and waited for it there.
+  // Read by the dispatch kernels only; advanced by the combine_recv kernel's tail warp at its start
+  // (the layer's dispatch kernels, its only readers, are complete by then).
   uint64_t seq;
   int32_t aborted;         // set after a timeout so every other wait returns at once
   int32_t error_lock;      // first-writer-wins lock for the ErrorRecord
-  uint32_t done_blocks;    // finishing blocks of combine_recv (last one advances seq)
-  uint32_t pad;
+  // The combine kernels' copy of seq: written by the dispatch_recv kernel's block 0, read by the
+  // combine kernels only, so that combine may advance seq without waiting for its own blocks.
+  uint64_t combine_seq;
   uint64_t stage_ns[kNumStages];  // EPKIT_STAGE_TIMERS builds only: last call's stage times
   // World size 1 (local.cu).
   uint64_t local_arrive;   // large fused dispatch: blocks arrived, cumulative (gridDim.x per call)
@@ -122,7 +125,7 @@ struct CommParams {
   int32_t* send_slot;   // [S][W]
   int32_t* num_msgs;    // [W]
   uint64_t* recv_base;     // [W] dispatch slices consumed per source, over all earlier calls
-  uint64_t* weights_base;  // [W] weight rows consumed per source, over all earlier calls
+  uint64_t* weights_base;  // [W] weight rows per source over all calls up to the one in flight (dispatch_recv adds its own)
   int32_t* block_hist;  // [kMaxGridBlocks][hist_stride]: each dispatch block's (expert, destination) counts
   uint64_t* block_flag; // [kMaxGridBlocks]: seq of the call whose block_hist row is written
   int hist_stride;      // E + W rounded up to 4 (rows are read as int4)
