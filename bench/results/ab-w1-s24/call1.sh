@@ -1,0 +1,22 @@
+#!/bin/bash
+# Session 24, device call 1 (issue 15): combine without the finished-block counter (60a1f4b).
+# Libraries built on the CPU machine:
+#   base     2ea1357 (session 23's end; its general kernels are 616a44c's)
+#   stbase   2ea1357's dispatch/combine with -DEPKIT_STAGE_TIMERS -DEPKIT_STAGE_LAST_BLOCK
+#   sttip    60a1f4b's, the same flags (the bench prints "block 0" for both)
+# tip = this build. Then the GPU suite (W = 1, 2, 4, 8 on one GPU: the protocol changed).
+# Copy to .ab/run.sh; carry [".deps/wheels", ".deps/googletest", ".ab"].
+set -u
+source scripts/ab-call-start.sh $OUT/c1
+ARGS=(--preset decode,decode-v2lite --tokens 1,4,128 --no-baselines)
+EPKIT_LOCAL_KERNELS=0 EPKIT_AB_LIBS="base" timeout 150 scripts/bench-ab.sh run-libs \
+  $W/gen build-gpu --reps 7 -- "${ARGS[@]}" > $W/gen.txt 2>&1; echo "gen rc=$? t=$(( $(date +%s) - t0 ))"
+sed -n '/median over/,$p' $W/gen.txt
+EPKIT_LOCAL_KERNELS=0 EPKIT_AB_LIBS="base" timeout 100 scripts/bench-ab.sh run-libs \
+  $W/wad build-gpu --reps 5 -- "${ARGS[@]}" --weights-at-dispatch > $W/wad.txt 2>&1; echo "wad rc=$? t=$(( $(date +%s) - t0 ))"
+sed -n '/median over/,$p' $W/wad.txt
+EPKIT_LOCAL_KERNELS=0 EPKIT_AB_LIBS="stbase sttip" timeout 100 scripts/bench-ab.sh run-libs $W/gstages build-gpu --reps 1 -- \
+  --preset decode,decode-v2lite --tokens 1,128 --no-baselines --stage-timers > $W/gstamps.txt 2>&1; echo "gstamps rc=$?"
+for l in stbase sttip; do echo "== $l"; grep -h "\[stages\].*mean" $W/gstages/$l-1.log | head -n 4; done
+echo "stamps t=$(( $(date +%s) - t0 ))"
+source scripts/ab-call-end.sh gpu-suite
