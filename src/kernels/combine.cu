@@ -537,6 +537,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     combine_recv<Tout, !kLarge && kP2P>(p, io, seq);
     if (tail_warp) wait_barrier(p, seq);
   }
+  EPKIT_STAGE_EXIT(p, kStCombineExit);
 }
 
 template <typename Tin, typename Tout>

@@ -65,9 +65,29 @@ __device__ __forceinline__ void st16(void* p, int4 v) { *reinterpret_cast<int4*>
   do {                                                                                                 \
     if (blockIdx.x == EPKIT_STAGE_BLOCK && threadIdx.x == 0) (p).state->stage_ns[stage] = global_timer_ns(); \
   } while (0)
+// The grid's last warp to get here (every warp's lane 0 takes the max): where a kernel ends, which
+// one block's stamps do not show. The general dispatch_send clears these at its start
+// (EPKIT_STAGE_CLEAR_EXITS), the local kernels every stamp.
+#define EPKIT_STAGE_EXIT(p, stage)                                                                      \
+  do {                                                                                                 \
+    if (threadIdx.x % kWarpSize == 0)                                                                  \
+      atomicMax(reinterpret_cast<unsigned long long*>(&(p).state->stage_ns[stage]),                    \
+                static_cast<unsigned long long>(global_timer_ns()));                                   \
+  } while (0)
+#define EPKIT_STAGE_CLEAR_EXITS(p)                                                                     \
+  do {                                                                                                 \
+    if (blockIdx.x == EPKIT_STAGE_BLOCK && threadIdx.x == 0)                                           \
+      (p).state->stage_ns[kStDispatchExit] = (p).state->stage_ns[kStCombineExit] = 0;                  \
+  } while (0)
 #else
 #define EPKIT_STAGE(p, stage) \
   do {                        \
+  } while (0)
+#define EPKIT_STAGE_EXIT(p, stage) \
+  do {                             \
+  } while (0)
+#define EPKIT_STAGE_CLEAR_EXITS(p) \
+  do {                             \
   } while (0)
 #endif
 

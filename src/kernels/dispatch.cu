@@ -190,6 +190,7 @@ __device__ bool dispatch_send(const CommParams& p, const DispatchIO& io, uint64_
   sm.tok_j = sm.tok_rk + kRoundTokens * K;
 
   EPKIT_STAGE(p, kStDispatchStart);
+  EPKIT_STAGE_CLEAR_EXITS(p);
   const int m = resolve_num_tokens(p, io.m, kPhaseDispatchSend, seq, blockIdx.x == 0);
   const int n_own = num_own_tokens(p, m);
   // This block's chunk of the own tokens. Small calls need it only after the first index loads
@@ -431,8 +432,9 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
   // waits so that its latency hides behind them.
   const int my_src = kThreads - 1 - static_cast<int>(threadIdx.x);
   const uint64_t my_base = my_src >= 0 && my_src < W ? p.recv_base[my_src] : 0;
-  // Block 0 also advances the weights' targets (below): their bases are loaded here too.
-  const bool advances_weights = blockIdx.x == 0 && !p.weights_at_dispatch;
+  // Block 0 also advances the weights' targets of portable sources (below; P2P sources' weights
+  // are tagged words, whose target nobody reads): their bases are loaded here too.
+  const bool advances_weights = !kP2P && blockIdx.x == 0 && !p.weights_at_dispatch;
   const uint64_t my_wbase = advances_weights && my_src >= 0 && my_src < W ? p.weights_base[my_src] : 0;
   // Every thread of the block leaves together or not at all: a thread that left alone could leave
   // the others waiting at a later __syncthreads. __syncthreads_or gives them one answer.
@@ -457,11 +459,13 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
   // advance seq for the next call (combine.cu, advance_layer). Written even when the call stops.
   if (blockIdx.x == 0 && my_src == 0) p.state->combine_seq = seq;
   if (stop) return;
-  // combine_send waits for weights_recv_ctr[s] >= weights_base[s]: the weight rows of every call so
-  // far, this one's (one per message) included. Only this kernel reads or writes it before then.
+  // combine_send waits for a portable source's weights_recv_ctr[s] >= weights_base[s]: the weight
+  // rows of every call so far, this one's (one per message) included. Only this kernel reads or
+  // writes it before then.
   if (advances_weights)
     for (int s = my_src; s >= 0 && s < W; s += blockDim.x)
-      p.weights_base[s] = (s == my_src ? my_wbase : p.weights_base[s]) + static_cast<uint64_t>(sm.nmsg[s]);
+      if (peer_at<kP2P>(p, s) == nullptr)
+        p.weights_base[s] = (s == my_src ? my_wbase : p.weights_base[s]) + static_cast<uint64_t>(sm.nmsg[s]);
   // Each local expert's run: our own tokens first, then the other sources in rank order after us
   // (me + 1, ..., W - 1, 0, ..., me - 1), one contiguous run per source.
   for (int el = threadIdx.x; el < L; el += blockDim.x) {
@@ -590,6 +594,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (do_send && do_recv) __syncthreads();
   if (do_recv) dispatch_recv<kP2P>(p, io, seq, smem, direct_self);
   EPKIT_STAGE(p, kStDispatchDone);
+  EPKIT_STAGE_EXIT(p, kStDispatchExit);
 }
 
 }  // namespace

@@ -43,16 +43,18 @@ struct ErrorRecord {
 enum Stage : int32_t {
   kStDispatchStart = 0, kStTopkLoaded, kStHistogramDone, kStCountsWritten, kStSendDone, kStCountsArrived,
   kStOffsetsDone, kStDataArrived, kStCopyLoaded, kStDispatchDone, kStCombineStart, kStMapLoaded, kStWeightsSent,
-  kStWeightsArrived, kStRowsSummed, kStPartialsSent, kStTokensSummed, kStBarrierPassed, kNumStages
+  kStWeightsArrived, kStRowsSummed, kStPartialsSent, kStTokensSummed, kStBarrierPassed, kStDispatchExit,
+  kStCombineExit, kNumStages
 };
 // "copy loaded": the general receive copy's header is back (thread 0's last slice); "rows summed":
-// combine_send's expert rows of thread 0's last slice are summed, before its stores and flag.
+// combine_send's expert rows of thread 0's last slice are summed, before its stores and flag;
+// "dispatch exit" / "combine exit": the grid's last warp at the kernel's end (any block).
 inline const char* stage_name(int s) {
   static const char* n[] = {"dispatch start", "topk loaded",     "histogram done", "counts written",
                             "send done",      "counts arrived",  "offsets done",   "data arrived",
                             "copy loaded",    "dispatch done",   "combine start",  "map loaded",
                             "weights sent",   "weights arrived", "rows summed",    "partials sent",
-                            "tokens summed",  "barrier passed"};
+                            "tokens summed",  "barrier passed",  "dispatch exit",  "combine exit"};
   static_assert(sizeof(n) / sizeof(n[0]) == kNumStages, "one name per stage");
   return s >= 0 && s < kNumStages ? n[s] : "?";
 }

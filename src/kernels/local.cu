@@ -930,6 +930,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     local_dispatch_recv(p, io, smem, !kLarge);
   }
   EPKIT_STAGE(p, kStDispatchDone);
+  EPKIT_STAGE_EXIT(p, kStDispatchExit);
 }
 
 // Fused small dispatches of a host-given m, one path per kernel (the host picks it with
@@ -954,6 +955,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   }
   EPKIT_STAGE(p, kStDispatchDone);
+  EPKIT_STAGE_EXIT(p, kStDispatchExit);
 }
 
 // acc[qq] += sum over k < K of w_k * y[row_k][8 c[qq] .. 8 c[qq] + 7] (lane k holds row_k, -1: none,
@@ -1095,6 +1097,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     local_combine_copy<Tout>(p, io, m);
   }
   EPKIT_STAGE(p, kStTokensSummed);
+  EPKIT_STAGE_EXIT(p, kStCombineExit);
 }
 
 // Fused small combines of a host-given m whose units fit one wave of the grid (one unit per warp):
@@ -1115,6 +1118,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   local_combine_sum<Tin, Tout, kChunks, true>(p, io, io.m.host_m, static_cast<Tout*>(io.out));
   EPKIT_STAGE(p, kStPartialsSent);
   EPKIT_STAGE(p, kStTokensSummed);
+  EPKIT_STAGE_EXIT(p, kStCombineExit);
 }
 
 template <typename Tin, typename Tout>
