@@ -48,7 +48,9 @@ enum Stage : int32_t {
 };
 // "copy loaded": the general receive copy's header is back (thread 0's last slice); "rows summed":
 // combine_send's expert rows of thread 0's last slice are summed, before its stores and flag;
-// "dispatch exit" / "combine exit": the grid's last warp at the kernel's end (any block).
+// "barrier passed": the general combine's tail warp (the last block's last warp) has seen every
+// peer's barrier flag; "dispatch exit" / "combine exit": the grid's last warp at the kernel's end
+// (any block).
 inline const char* stage_name(int s) {
   static const char* n[] = {"dispatch start", "topk loaded",     "histogram done", "counts written",
                             "send done",      "counts arrived",  "offsets done",   "data arrived",
