@@ -123,10 +123,14 @@ __device__ __forceinline__ uint32_t param_lines_xor(const T& a) {
   for (size_t i = 0; i < sizeof(T) / 4; i += 16) x ^= w[i];
   return x;
 }
+// A/B switch (scripts/bench-ab.sh prepare-lib, EPKIT_AB_FLAGS=-DEPKIT_PARAM_TOUCH=0): no touch.
+#ifndef EPKIT_PARAM_TOUCH
+#define EPKIT_PARAM_TOUCH 1
+#endif
 template <typename IO>
 __device__ __forceinline__ void touch_param_lines(const CommParams& p, const IO& io) {
   __shared__ uint32_t sink;
-  if (threadIdx.x / kWarpSize != kWarps - 1) return;
+  if (!EPKIT_PARAM_TOUCH || threadIdx.x / kWarpSize != kWarps - 1) return;
   const uint32_t x = param_lines_xor(p) ^ param_lines_xor(io);
   if (threadIdx.x % kWarpSize == 0) *static_cast<volatile uint32_t*>(&sink) = x;
 }

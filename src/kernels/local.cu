@@ -322,7 +322,10 @@ __device__ __forceinline__ void stage_message(const CommParams& p, const Dispatc
 // start, and the call's m (block 0 reports a bad device m).
 __device__ __forceinline__ int local_send_start(const CommParams& p, const DispatchIO& io) {
 #ifdef EPKIT_STAGE_TIMERS
-  if (blockIdx.x == 0 && threadIdx.x == 0)  // the stages the local kernels do not stamp read 0
+  // The stages the local kernels do not stamp read 0. Cleared by the stamping block itself, just
+  // before its first stamp: cleared by block 0, they lost the last block's start stamp whenever
+  // block 0 started later (most 1-token calls with -DEPKIT_STAGE_LAST_BLOCK, session 24).
+  if (blockIdx.x == EPKIT_STAGE_BLOCK && threadIdx.x == 0)
     for (int s = 0; s < kNumStages; ++s) p.state->stage_ns[s] = 0;
 #endif
   EPKIT_STAGE(p, kStDispatchStart);
