@@ -2,7 +2,7 @@
 # Session 24, device call 4 (issue 15): the W = 1 kernels' parameter-line touch, event-timed and
 # stamped, after call 3's stamps showed 2.2 us from their dispatch's exit to their combine's first
 # stamp at 1 token (1.0 in the general kernels, which have no touch). Libraries built on the CPU
-# machine from this tree (9ba7fd5-era, see .ab/commit):
+# machine from this tree (d7807c2):
 #   notouch    -DEPKIT_PARAM_TOUCH=0
 #   sttouch    -DEPKIT_STAGE_TIMERS (block 0 stamps; dispatch, combine and local)
 #   stnotouch  -DEPKIT_STAGE_TIMERS -DEPKIT_PARAM_TOUCH=0
