@@ -11,6 +11,7 @@
 #include "epkit/all_to_all.hpp"
 #include "epkit/error.hpp"
 #include "epkit/layout.hpp"
+#include "epkit/probes.hpp"
 #include "timing.hpp"
 
 namespace epkit::bench {
@@ -32,7 +33,7 @@ void set_median_p99(const Summary& s, double& median, double& p99) {
   p99 = s.p99;
 }
 
-// Runs `iters` fused dispatch+combine pairs, each synced, and prints (rank 0) the median and mean
+// Runs `iters` fused dispatch+combine pairs, each gated and synced, and prints (rank 0) the median and mean
 // time of every stage the library stamped, relative to the start of dispatch: the stamping block's
 // stages (block 0, or the grid's last block in builds with -DEPKIT_STAGE_LAST_BLOCK) and the exits
 // (the grid's last warp). Samples are matched by stage name: a stage that some calls do not stamp
@@ -47,10 +48,16 @@ void print_stage_times(AllToAll& a2a, const Communicator& comm, const DispatchAr
   std::vector<std::string> order;                     // stage names, in the library's stage order
   std::map<std::string, std::vector<double>> samples;  // us since that call's dispatch start
   int no_start = 0;
+  // Each call queued behind a gate, as the timed samples are: launched one after the other, a
+  // short dispatch ended before the host had queued its combine, and the stamps showed the host's
+  // launch time between the kernels (2-3 us at W = 1, session 24's call 4).
+  epkit::probes::HostGate gate;
   for (int i = 0; i < iters; ++i) {
+    gate.close(stream);
     comm.barrier_on_stream(stream);
     a2a.dispatch(d, stream);
     a2a.combine(cb, stream);
+    gate.open();
     const auto st = a2a.stage_timestamps();  // synchronises
     if (st.empty() || st[0].first != "dispatch start") {
       ++no_start;
