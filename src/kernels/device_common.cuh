@@ -123,9 +123,14 @@ __device__ __forceinline__ uint32_t param_lines_xor(const T& a) {
   for (size_t i = 0; i < sizeof(T) / 4; i += 16) x ^= w[i];
   return x;
 }
-// A/B switch (scripts/bench-ab.sh prepare-lib, EPKIT_AB_FLAGS=-DEPKIT_PARAM_TOUCH=0): no touch.
+// A/B switches (scripts/bench-ab.sh prepare-lib, EPKIT_AB_FLAGS): -DEPKIT_PARAM_TOUCH=0, no touch
+// in the W = 1 kernels; -DEPKIT_GENERAL_TOUCH=1, the touch in the general kernels as well (measured
+// +0.1 to +0.3 us there in session 23, when every combine block still met at the end).
 #ifndef EPKIT_PARAM_TOUCH
 #define EPKIT_PARAM_TOUCH 1
+#endif
+#ifndef EPKIT_GENERAL_TOUCH
+#define EPKIT_GENERAL_TOUCH 0
 #endif
 template <typename IO>
 __device__ __forceinline__ void touch_param_lines(const CommParams& p, const IO& io) {
