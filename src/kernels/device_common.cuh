@@ -124,8 +124,9 @@ __device__ __forceinline__ uint32_t param_lines_xor(const T& a) {
   return x;
 }
 // A/B switches (scripts/bench-ab.sh prepare-lib, EPKIT_AB_FLAGS): -DEPKIT_PARAM_TOUCH=0, no touch
-// in the W = 1 kernels; -DEPKIT_GENERAL_TOUCH=1, the touch in the general kernels as well (measured
-// +0.1 to +0.3 us there in session 23, when every combine block still met at the end).
+// in the W = 1 kernels; -DEPKIT_GENERAL_TOUCH=1, the touch in the general kernels as well: +0.1 to
+// +0.3 us per pair there in session 23, and again in session 24 with the counter-free combine end
+// (call 6, 7 rounds: dispatch +0.1 to +0.3 event-timed, combine and the graph replay within 0.2).
 #ifndef EPKIT_PARAM_TOUCH
 #define EPKIT_PARAM_TOUCH 1
 #endif
