@@ -523,7 +523,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     combine_kernel(const __grid_constant__ CommParams p, const __grid_constant__ CombineIO io, bool do_send,
                    bool do_recv) {
   extern __shared__ int smem[];
-  if (EPKIT_GENERAL_TOUCH) touch_param_lines(p, io);  // A/B builds only (device_common.cuh)
   wait_previous_kernel();
   // This call's seq, as dispatch_recv stored it (not waited for until used).
   const uint64_t seq = *reinterpret_cast<volatile uint64_t*>(&p.state->combine_seq);

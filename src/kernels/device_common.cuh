@@ -66,18 +66,23 @@ __device__ __forceinline__ void st16(void* p, int4 v) { *reinterpret_cast<int4*>
     if (blockIdx.x == EPKIT_STAGE_BLOCK && threadIdx.x == 0) (p).state->stage_ns[stage] = global_timer_ns(); \
   } while (0)
 // The grid's last warp to get here (every warp's lane 0 takes the max): where a kernel ends, which
-// one block's stamps do not show. The general dispatch_send clears these at its start
-// (EPKIT_STAGE_CLEAR_EXITS), the local kernels every stamp.
+// one block's stamps do not show (cleared with the others by EPKIT_STAGE_BEGIN).
 #define EPKIT_STAGE_EXIT(p, stage)                                                                      \
   do {                                                                                                 \
     if (threadIdx.x % kWarpSize == 0)                                                                  \
       atomicMax(reinterpret_cast<unsigned long long*>(&(p).state->stage_ns[stage]),                    \
                 static_cast<unsigned long long>(global_timer_ns()));                                   \
   } while (0)
-#define EPKIT_STAGE_CLEAR_EXITS(p)                                                                     \
+// A call's first stamp (dispatch start, every dispatch_send): the stamping block clears every stamp
+// and then takes it, so stages the call does not reach read 0 and the exits' maxima start afresh.
+// The stamping block itself: cleared by block 0, the last block's start stamp was lost whenever
+// block 0 started later (most 1-token calls with -DEPKIT_STAGE_LAST_BLOCK, session 24).
+#define EPKIT_STAGE_BEGIN(p)                                                                           \
   do {                                                                                                 \
-    if (blockIdx.x == EPKIT_STAGE_BLOCK && threadIdx.x == 0)                                           \
-      (p).state->stage_ns[kStDispatchExit] = (p).state->stage_ns[kStCombineExit] = 0;                  \
+    if (blockIdx.x == EPKIT_STAGE_BLOCK && threadIdx.x == 0) {                                         \
+      for (int s_ = 0; s_ < kNumStages; ++s_) (p).state->stage_ns[s_] = 0;                             \
+      (p).state->stage_ns[kStDispatchStart] = global_timer_ns();                                       \
+    }                                                                                                  \
   } while (0)
 #else
 #define EPKIT_STAGE(p, stage) \
@@ -86,8 +91,8 @@ __device__ __forceinline__ void st16(void* p, int4 v) { *reinterpret_cast<int4*>
 #define EPKIT_STAGE_EXIT(p, stage) \
   do {                             \
   } while (0)
-#define EPKIT_STAGE_CLEAR_EXITS(p) \
-  do {                             \
+#define EPKIT_STAGE_BEGIN(p) \
+  do {                       \
   } while (0)
 #endif
 
@@ -110,8 +115,9 @@ __device__ __forceinline__ void wait_previous_kernel() {
 // launch, so with a programmatic launch the fills overlap the previous kernel); the block's last
 // warp loads, and waits for the loads at once, the others find the lines filled or on their way. The W = 1 kernels
 // only (local.cu): there it measured -0.1 to -0.3 us per pair in the graph replay, the same in
-// every round, and nothing event-timed; in the general kernels +0.1 to +0.3 event-timed (session 23,
-// call 2; docs/perf-notes/2026-12-04-combine-rows-s23.md). The xor of the words
+// every round, and nothing event-timed (again in session 24, call 4); in the general kernels +0.1 to
+// +0.3 event-timed (session 23, call 2; docs/perf-notes/2026-12-04-combine-rows-s23.md), and again
+// with the counter-free combine end (session 24, call 6: dispatch +0.1 to +0.3). The xor of the words
 // means nothing: its store to a shared word nobody reads keeps the loads (an empty asm did not, and
 // behind a branch that is never taken the compiler moved them under the branch).
 template <typename T>
@@ -123,15 +129,9 @@ __device__ __forceinline__ uint32_t param_lines_xor(const T& a) {
   for (size_t i = 0; i < sizeof(T) / 4; i += 16) x ^= w[i];
   return x;
 }
-// A/B switches (scripts/bench-ab.sh prepare-lib, EPKIT_AB_FLAGS): -DEPKIT_PARAM_TOUCH=0, no touch
-// in the W = 1 kernels; -DEPKIT_GENERAL_TOUCH=1, the touch in the general kernels as well: +0.1 to
-// +0.3 us per pair there in session 23, and again in session 24 with the counter-free combine end
-// (call 6, 7 rounds: dispatch +0.1 to +0.3 event-timed, combine and the graph replay within 0.2).
+// A/B switch (scripts/bench-ab.sh prepare-lib, EPKIT_AB_FLAGS=-DEPKIT_PARAM_TOUCH=0): no touch.
 #ifndef EPKIT_PARAM_TOUCH
 #define EPKIT_PARAM_TOUCH 1
-#endif
-#ifndef EPKIT_GENERAL_TOUCH
-#define EPKIT_GENERAL_TOUCH 0
 #endif
 template <typename IO>
 __device__ __forceinline__ void touch_param_lines(const CommParams& p, const IO& io) {

@@ -189,8 +189,7 @@ __device__ bool dispatch_send(const CommParams& p, const DispatchIO& io, uint64_
   sm.tok_rk = sm.tok_e + kRoundTokens * K;
   sm.tok_j = sm.tok_rk + kRoundTokens * K;
 
-  EPKIT_STAGE(p, kStDispatchStart);
-  EPKIT_STAGE_CLEAR_EXITS(p);
+  EPKIT_STAGE_BEGIN(p);
   const int m = resolve_num_tokens(p, io.m, kPhaseDispatchSend, seq, blockIdx.x == 0);
   const int n_own = num_own_tokens(p, m);
   // This block's chunk of the own tokens. Small calls need it only after the first index loads
@@ -432,10 +431,6 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
   // waits so that its latency hides behind them.
   const int my_src = kThreads - 1 - static_cast<int>(threadIdx.x);
   const uint64_t my_base = my_src >= 0 && my_src < W ? p.recv_base[my_src] : 0;
-  // Block 0 also advances the weights' targets of portable sources (below; P2P sources' weights
-  // are tagged words, whose target nobody reads): their bases are loaded here too.
-  const bool advances_weights = !kP2P && blockIdx.x == 0 && !p.weights_at_dispatch;
-  const uint64_t my_wbase = advances_weights && my_src >= 0 && my_src < W ? p.weights_base[my_src] : 0;
   // Every thread of the block leaves together or not at all: a thread that left alone could leave
   // the others waiting at a later __syncthreads. __syncthreads_or gives them one answer.
   // All threads read the count matrix at once, each word as soon as it carries this call's tag
@@ -461,11 +456,11 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
   if (stop) return;
   // combine_send waits for a portable source's weights_recv_ctr[s] >= weights_base[s]: the weight
   // rows of every call so far, this one's (one per message) included. Only this kernel reads or
-  // writes it before then.
-  if (advances_weights)
+  // writes it before then. P2P sources' weights are tagged words, whose target nobody reads: the
+  // small P2P variant compiles this out. The block's last threads, which wait for the data next.
+  if (!kP2P && blockIdx.x == 0 && !p.weights_at_dispatch)
     for (int s = my_src; s >= 0 && s < W; s += blockDim.x)
-      if (peer_at<kP2P>(p, s) == nullptr)
-        p.weights_base[s] = (s == my_src ? my_wbase : p.weights_base[s]) + static_cast<uint64_t>(sm.nmsg[s]);
+      if (peer_at<kP2P>(p, s) == nullptr) p.weights_base[s] += static_cast<uint64_t>(sm.nmsg[s]);
   // Each local expert's run: our own tokens first, then the other sources in rank order after us
   // (me + 1, ..., W - 1, 0, ..., me - 1), one contiguous run per source.
   for (int el = threadIdx.x; el < L; el += blockDim.x) {
@@ -588,7 +583,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     dispatch_kernel(const __grid_constant__ CommParams p, const __grid_constant__ DispatchIO io, bool do_send,
                     bool do_recv) {
   extern __shared__ int smem[];
-  if (EPKIT_GENERAL_TOUCH) touch_param_lines(p, io);  // A/B builds only (device_common.cuh)
   wait_previous_kernel();
   const uint64_t seq = *reinterpret_cast<volatile uint64_t*>(&p.state->seq);  // not waited for until used
   const bool direct_self = do_send && dispatch_send<kLarge, kP2P>(p, io, seq, smem, do_recv);

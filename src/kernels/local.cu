@@ -318,17 +318,10 @@ __device__ __forceinline__ void stage_message(const CommParams& p, const Dispatc
   }
 }
 
-// The send half's first steps on both paths: clear the stage stamps (stamp builds), stamp the
-// start, and the call's m (block 0 reports a bad device m).
+// The send half's first steps on both paths: the stage stamps' start (stamp builds), and the call's
+// m (block 0 reports a bad device m).
 __device__ __forceinline__ int local_send_start(const CommParams& p, const DispatchIO& io) {
-#ifdef EPKIT_STAGE_TIMERS
-  // The stages the local kernels do not stamp read 0. Cleared by the stamping block itself, just
-  // before its first stamp: cleared by block 0, they lost the last block's start stamp whenever
-  // block 0 started later (most 1-token calls with -DEPKIT_STAGE_LAST_BLOCK, session 24).
-  if (blockIdx.x == EPKIT_STAGE_BLOCK && threadIdx.x == 0)
-    for (int s = 0; s < kNumStages; ++s) p.state->stage_ns[s] = 0;
-#endif
-  EPKIT_STAGE(p, kStDispatchStart);
+  EPKIT_STAGE_BEGIN(p);
   return resolve_num_tokens(p, io.m, kPhaseDispatchSend, 0, blockIdx.x == 0);
 }
 
