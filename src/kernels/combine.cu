@@ -106,9 +106,17 @@ __device__ __forceinline__ void send_partials(const CommParams& p, const Combine
     const int32_t* map = p.recv_map + msg * (K + 1);
     const int t = map[0];
     const int slot = lane < K ? map[1 + lane] : -1;
+    // The weights (tagged words) are waited for after the first rows' loads have gone out, so that
+    // the rows' round trip runs beside the weights' (waited for first, the rows' loads went out only
+    // once the weights had come: the spin is a volatile load and a branch, and nothing moves across
+    // it). Later rows need no wait. have_w is warp-uniform.
     uint32_t wbits = 0;  // on a timeout the error is recorded and the layer fails; the weight stays 0
-    if (lane < K) wait_tagged(p, wrecv + msg * K + lane, seq, wbits, kPhaseCombineSend, kWaitWeights, s);
-    const float wk = __uint_as_float(wbits);
+    bool have_w = false;
+    const auto wait_weights = [&] {
+      if (have_w) return;
+      if (lane < K) wait_tagged(p, wrecv + msg * K + lane, seq, wbits, kPhaseCombineSend, kWaitWeights, s);
+      have_w = true;
+    };
     int c[N];
 #pragma unroll
     for (int i = 0; i < N; ++i) c[i] = sl * kSliceChunks + (sub * N + i) * kWarpSize + lane;
@@ -125,7 +133,6 @@ __device__ __forceinline__ void send_partials(const CommParams& p, const Combine
         int ka, kb;
         take_pair(kmask, ka, kb);
         const int slot_a = __shfl_sync(0xffffffffu, slot, ka), slot_b = __shfl_sync(0xffffffffu, slot, kb < 0 ? ka : kb);
-        const float w_a = __shfl_sync(0xffffffffu, wk, ka), w_b = __shfl_sync(0xffffffffu, wk, kb < 0 ? ka : kb);
         const Tin* row_a = y + static_cast<size_t>(slot_a) * H;
         const Tin* row_b = y + static_cast<size_t>(slot_b) * H;
         RawRow<Tin> ra[kUnroll], rb[kUnroll];
@@ -137,6 +144,9 @@ __device__ __forceinline__ void send_partials(const CommParams& p, const Combine
             if (kb >= 0) rb[qq].load(row_b + cc * 8);
           }
         }
+        wait_weights();
+        const float wk = __uint_as_float(wbits);
+        const float w_a = __shfl_sync(0xffffffffu, wk, ka), w_b = __shfl_sync(0xffffffffu, wk, kb < 0 ? ka : kb);
 #pragma unroll
         for (int qq = 0; qq < kUnroll; ++qq) {
           float v[8];
@@ -164,16 +174,19 @@ __device__ __forceinline__ void send_partials(const CommParams& p, const Combine
         // loaded into scratch registers and moved into the array, the move waited for the load,
         // and the eighth row's load went out after those moves (SASS, CUDA 13.0).
         RawRow<Tin> raw[R][N];
-        float w[R];
 #pragma unroll
         for (int r = 0; r < R; ++r) {
           const int from = kr[r] < 0 ? kr[0] : kr[r];  // kr[0] >= 0: the mask was not empty
           const int row = __shfl_sync(0xffffffffu, slot, from);
-          w[r] = __shfl_sync(0xffffffffu, wk, from);
           const Tin* src = y + static_cast<size_t>(row) * H;
 #pragma unroll
           for (int i = 0; i < N; ++i) raw[r][i].load(src + static_cast<size_t>(min(c[i], chunks - 1)) * 8);
         }
+        wait_weights();
+        const float wk = __uint_as_float(wbits);
+        float w[R];
+#pragma unroll
+        for (int r = 0; r < R; ++r) w[r] = __shfl_sync(0xffffffffu, wk, kr[r] < 0 ? kr[0] : kr[r]);
 #pragma unroll
         for (int r = 0; r < R; ++r)
 #pragma unroll
