@@ -55,6 +55,35 @@ struct CombineSmem {
   int* msg_off;   // [W + 1] prefix of nmsg; then the largest nmsg
 };
 
+// The received messages numbered source by source, for the small P2P variant of an object of at
+// most 32 ranks: lane s holds the messages of sources 0..s (num_msgs, written by dispatch_recv,
+// scanned by the warp itself), so that a warp finds its messages with no shared memory and no
+// block barrier. With the block's prefix in shared memory, every warp waited at two block barriers
+// for the block's slowest warp, at decode the one storing a token's router weights (two round trips
+// and its stores), before its first partial's map load.
+struct WarpMsgIndex {
+  int incl = 0;   // lane s < W: messages of sources 0..s; lanes >= W: the total
+  int total = 0;
+  __device__ __forceinline__ void load(const CommParams& p) {
+    const int lane = threadIdx.x % kWarpSize;
+    int x = lane < p.world_size ? p.num_msgs[lane] : 0;
+#pragma unroll
+    for (int o = 1; o < kWarpSize; o <<= 1) {
+      const int y = __shfl_up_sync(0xffffffffu, x, o);
+      if (lane >= o) x += y;
+    }
+    incl = x;
+    total = __shfl_sync(0xffffffffu, x, kWarpSize - 1);
+  }
+  // Message q < total (warp-uniform): its source s (the sources whose messages all come before it)
+  // and its index j there.
+  __device__ __forceinline__ void locate(int q, int& s, int& j) const {
+    s = __popc(__ballot_sync(0xffffffffu, incl <= q));
+    const int before = __shfl_sync(0xffffffffu, incl, s > 0 ? s - 1 : 0);
+    j = q - (s > 0 ? before : 0);
+  }
+};
+
 constexpr int kUnroll = 4;                          // 8-element chunks per lane per slice
 constexpr int kSliceChunks = kWarpSize * kUnroll;   // 1024 elements: kSliceBytes of 16-bit output
 
@@ -70,10 +99,13 @@ constexpr int kSliceChunks = kWarpSize * kUnroll;   // 1024 elements: kSliceByte
 // consecutive in one block: they store, meet at named barrier 1 + warp / G, and the first raises
 // the slice's flag. bar.sync orders the other warps' stores before its release, which is
 // cumulative, as __syncwarp and the release order the lanes' stores of one warp.
-template <int G, typename Tin, typename Tout, bool kLarge, bool kP2P>
+// kWarpIdx: the messages are found with wi (WarpMsgIndex), else with the block's prefix in sm.
+template <int G, typename Tin, typename Tout, bool kLarge, bool kP2P, bool kWarpIdx = false>
 __device__ __forceinline__ void send_partials(const CommParams& p, const CombineIO& io, uint64_t seq,
-                                              const CombineSmem& sm, PendingFlags& flags) {
+                                              const CombineSmem& sm, PendingFlags& flags,
+                                              const WarpMsgIndex& wi = WarpMsgIndex{}) {
   static_assert(G == 1 || (!kLarge && kP2P), "warp groups: the small P2P variant only");
+  static_assert(!kWarpIdx || (!kLarge && kP2P), "the warp's own message index: the small P2P variant only");
   static_assert(kUnroll % G == 0 && kWarps % G == 0, "a group's warps split the lane's chunks, within one block");
   constexpr int N = kUnroll / G, R = 2 * G;
   const int W = p.world_size, K = p.topk, D = p.dp_size, S = p.max_msgs_per_src, M = p.max_tokens, H = p.hidden;
@@ -81,7 +113,7 @@ __device__ __forceinline__ void send_partials(const CommParams& p, const Combine
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
   const int gw = blockIdx.x * kWarps + warp, nw = gridDim.x * kWarps;
   const int ngroups = nw / G, sub = warp % G;
-  const int span = kLarge ? W * sm.msg_off[W + 1] : sm.msg_off[W];
+  const int span = kLarge ? W * sm.msg_off[W + 1] : kWarpIdx ? wi.total : sm.msg_off[W];
   // Small calls whose slices fit one wave of groups take one group per block first (block-uniform:
   // span is the same in every block): a group's loads and stores then have an SM to themselves.
   // Taken block by block, a 1-token V3 call put its 7 groups of 4 warps on 2 SMs.
@@ -100,7 +132,10 @@ __device__ __forceinline__ void send_partials(const CommParams& p, const Combine
       j = qv / W, s = (qv + me) % W;  // own tokens' partials start the interleave
       if (j >= sm.nmsg[s]) continue;
     } else {
-      s = source_of_message(sm.msg_off, W, qv), j = qv - sm.msg_off[s];
+      if constexpr (kWarpIdx)
+        wi.locate(qv, s, j);
+      else
+        s = source_of_message(sm.msg_off, W, qv), j = qv - sm.msg_off[s];
     }
     const size_t msg = static_cast<size_t>(s) * S + j;
     const int32_t* map = p.recv_map + msg * (K + 1);
@@ -275,7 +310,8 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
   // Whether the layer was aborted (an error recorded by a wait that ran out), read by thread 0 now
   // and shared at the barrier before the partials: read there, its load was one more round trip
   // before the first partial. Every wait below is bounded, and ends early on an abort by itself.
-  const bool aborted_early = threadIdx.x == 0 && is_aborted(p);
+  // (The warp-index path below needs none.)
+  const bool aborted_early = !(!kLarge && kP2P && W <= kWarpSize) && threadIdx.x == 0 && is_aborted(p);
   // One warp per own token, every block's second-to-last warp first (block by block), then the
   // warps below it (and the last warp, after warp 0): the partials and the token side start from
   // warp 0 and the layer tail's loads are the last warp's, so at decode the warp that sends a
@@ -311,6 +347,27 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
   }
 
   EPKIT_STAGE(p, kStWeightsSent);
+  PendingFlags flags;
+  if constexpr (!kLarge && kP2P) {
+    if (W <= kWarpSize) {  // block-uniform
+      // Each warp on its own: its message index (WarpMsgIndex), then its partials. No early return
+      // on an aborted layer here: every wait below is bounded and ends early on an abort by itself,
+      // and the warps of a group (named barriers without tagged partials) must all go on.
+      WarpMsgIndex wi;
+      wi.load(p);
+      EPKIT_STAGE(p, kStWeightsArrived);
+      const int units = wi.total * nsc;
+      const int G = combine_send_group(units, nw);
+      if (G == 4) {
+        send_partials<4, Tin, Tout, kLarge, kP2P, true>(p, io, seq, sm, flags, wi);
+      } else if (G == 2) {
+        send_partials<2, Tin, Tout, kLarge, kP2P, true>(p, io, seq, sm, flags, wi);
+      } else {
+        send_partials<1, Tin, Tout, kLarge, kP2P, true>(p, io, seq, sm, flags, wi);
+      }
+      return;
+    }
+  }
   // Portable sources: wait for the weights of every message we received from them in the matching
   // dispatch (its dispatch_recv added them to weights_base). P2P sources' weights are read below,
   // each as it lands.
@@ -335,7 +392,6 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
 
   // One partial per (received message, slice): see send_partials. The small P2P variant shares a
   // slice among G warps when the call's slices fit one wave that way (combine_send_group).
-  PendingFlags flags;
   if constexpr (!kLarge && kP2P) {
     const int units = sm.msg_off[W] * nsc;
     const int G = combine_send_group(units, nw);
