@@ -144,7 +144,11 @@ __device__ __forceinline__ void send_partials(const CommParams& p, const Combine
     // The weights (tagged words) are waited for after the first rows' loads have gone out, so that
     // the rows' round trip runs beside the weights' (waited for first, the rows' loads went out only
     // once the weights had come: the spin is a volatile load and a branch, and nothing moves across
-    // it). Later rows need no wait. have_w is warp-uniform.
+    // it). Later rows need no wait. have_w is warp-uniform. fp32 rows (twice the registers) keep
+    // the wait first: held across it, they spilled (ptxas, CUDA 13.0: 36 -> 268 bytes); so do the
+    // large and the portable variants (their spill loads grew by 28-32 bytes), whose weights are
+    // there when the rows are summed: large calls' long before, portable sources' waited for above.
+    constexpr bool kRowsFirst = !kLarge && kP2P && sizeof(Tin) == 2;
     uint32_t wbits = 0;  // on a timeout the error is recorded and the layer fails; the weight stays 0
     bool have_w = false;
     const auto wait_weights = [&] {
@@ -152,6 +156,7 @@ __device__ __forceinline__ void send_partials(const CommParams& p, const Combine
       if (lane < K) wait_tagged(p, wrecv + msg * K + lane, seq, wbits, kPhaseCombineSend, kWaitWeights, s);
       have_w = true;
     };
+    if (!kRowsFirst) wait_weights();
     int c[N];
 #pragma unroll
     for (int i = 0; i < N; ++i) c[i] = sl * kSliceChunks + (sub * N + i) * kWarpSize + lane;
