@@ -84,15 +84,6 @@ struct WarpMsgIndex {
   }
 };
 
-// The warps combine_send keeps busy in every block, from the bottom (the partial groups, one wave of
-// them) and from the top (the weights' warps below the last one), when its small P2P variant found
-// its messages with WarpMsgIndex; partial_levels -1: anything else (the token side then takes its
-// units from warp 0, as the split combine_recv kernel does).
-struct SendWarps {
-  int partial_levels = -1;  // warps 0 .. partial_levels - 1 of a block may hold a partial group
-  int weight_levels = 0;    // warps kWarps - 2, kWarps - 3, ... (as many) may hold a token's weights
-};
-
 constexpr int kUnroll = 4;                          // 8-element chunks per lane per slice
 constexpr int kSliceChunks = kWarpSize * kUnroll;   // 1024 elements: kSliceBytes of 16-bit output
 
@@ -307,7 +298,7 @@ __device__ __forceinline__ void send_partials(const CommParams& p, const Combine
 // source-interleaved and arrival flags raised kFlagBatch slices at a time.
 // kP2P: every rank P2P-mapped (KernelVariant::kSmallP2P), the portable branches compiled out.
 template <typename Tin, typename Tout, bool kLarge, bool kP2P>
-__device__ SendWarps combine_send(const CommParams& p, const CombineIO& io, uint64_t seq, int* smem) {
+__device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t seq, int* smem) {
   const int W = p.world_size, K = p.topk, D = p.dp_size, S = p.max_msgs_per_src;
   const int me = p.rank, gi = p.group_index, nsc = p.combine_slices;
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
@@ -372,9 +363,6 @@ __device__ SendWarps combine_send(const CommParams& p, const CombineIO& io, uint
       EPKIT_STAGE(p, kStWeightsArrived);
       const int units = wi.total * nsc;
       const int G = combine_send_group(units, nw);
-      // Computed before the partials, in one register (two live across them spilled 8 bytes).
-      const int nb = static_cast<int>(gridDim.x);  // one wave of groups, one per block first: G * ceil(groups / blocks) warps
-      const int levels = (units * G <= nw ? G * ((units + nb - 1) / nb) : kWarps) | ((n_own + nb - 1) / nb) << 16;
       if (G == 4) {
         send_partials<4, Tin, Tout, kLarge, kP2P, true>(p, io, seq, sm, flags, wi);
       } else if (G == 2) {
@@ -382,10 +370,7 @@ __device__ SendWarps combine_send(const CommParams& p, const CombineIO& io, uint
       } else {
         send_partials<1, Tin, Tout, kLarge, kP2P, true>(p, io, seq, sm, flags, wi);
       }
-      SendWarps sw;
-      sw.partial_levels = levels & 0xffff;
-      sw.weight_levels = levels >> 16;
-      return sw;
+      return;
     }
   }
   // Portable sources: wait for the weights of every message we received from them in the matching
@@ -408,7 +393,7 @@ __device__ SendWarps combine_send(const CommParams& p, const CombineIO& io, uint
   // Block-uniform (send_partials' groups meet at named barriers, so no warp may leave alone).
   const bool aborted = __syncthreads_or(aborted_early);
   EPKIT_STAGE(p, kStWeightsArrived);
-  if (aborted) return SendWarps{};
+  if (aborted) return;
 
   // One partial per (received message, slice): see send_partials. The small P2P variant shares a
   // slice among G warps when the call's slices fit one wave that way (combine_send_group).
@@ -426,7 +411,6 @@ __device__ SendWarps combine_send(const CommParams& p, const CombineIO& io, uint
     send_partials<1, Tin, Tout, kLarge, kP2P>(p, io, seq, sm, flags);
   }
   if constexpr (kLarge) flags.flush(lane, D, seq);
-  return SendWarps{};
 }
 
 // The token side: one warp per (token, slice) sums the partials of each rank it dispatched to.
@@ -436,8 +420,7 @@ __device__ SendWarps combine_send(const CommParams& p, const CombineIO& io, uint
 // landed waits for them out of line and loads them again, so that nothing loaded is live across
 // the call.
 template <typename Tout, bool kTagged>
-__device__ __forceinline__ void recv_partials(const CommParams& p, const CombineIO& io, uint64_t seq, int m,
-                                              const SendWarps& sw) {
+__device__ __forceinline__ void recv_partials(const CommParams& p, const CombineIO& io, uint64_t seq, int m) {
   const int K = p.topk, M = p.max_tokens, H = p.hidden;
   const int nsc = p.combine_slices;
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
@@ -447,21 +430,10 @@ __device__ __forceinline__ void recv_partials(const CommParams& p, const Combine
   const size_t row_stride = p.combine_row_bytes;
   const int chunks = H / 8;
   Tout* out = static_cast<Tout*>(io.out);
-  // One (token, slice) per block first when they fit one wave, as in send_partials. When they also
-  // fit the warps that combine_send leaves free in every block (sw: below its weights' warps, above
-  // its partial groups, never the last warp), they go there: such a warp loads its token's indices
-  // at once and waits for the partials, where a warp that summed a partial first started only then
-  // (one index round trip and the first poll after the partial's stores). (Taken from each block's
-  // last warp down also when they did not fit, in session 19, they lost 0.3-0.4 us at 128 tokens.)
-  const int units = m * nsc, nb = static_cast<int>(gridDim.x);
-  const int levels = (units + nb - 1) / nb;  // warps per block the units take, one per block first
-  int q0;
-  if (sw.partial_levels >= 0 && sw.partial_levels + sw.weight_levels + levels <= kWarps - 1) {
-    const int level = kWarps - 2 - sw.weight_levels - warp;  // >= partial_levels where level < levels
-    q0 = level >= 0 && level < levels ? level * nb + blockIdx.x : units;
-  } else {
-    q0 = units <= nw ? warp * nb + blockIdx.x : gw;
-  }
+  // One (token, slice) per block first when they fit one wave, as in send_partials. (Taken from each
+  // block's last warp down, on warps the send groups leave free, they gained nothing at 1-4 tokens
+  // and lost 0.3-0.4 us at 128: session 19.)
+  const int q0 = m * nsc <= nw ? warp * gridDim.x + blockIdx.x : gw;
 
   for (int q = q0; q < m * nsc; q += nw) {
     const int t = div_by_mul(q, nsc, p.combine_slices_mul), sl = q - t * nsc;
@@ -559,12 +531,12 @@ __device__ __forceinline__ void recv_partials(const CommParams& p, const Combine
 
 // kTaggable: the small P2P variant, the only one an object with tagged partials runs.
 template <typename Tout, bool kTaggable>
-__device__ void combine_recv(const CommParams& p, const CombineIO& io, uint64_t seq, const SendWarps& sw) {
+__device__ void combine_recv(const CommParams& p, const CombineIO& io, uint64_t seq) {
   const int m = resolve_num_tokens(p, io.m, kPhaseCombineRecv, seq, false);
   if (kTaggable && p.tagged_partials)
-    recv_partials<Tout, true>(p, io, seq, m, sw);
+    recv_partials<Tout, true>(p, io, seq, m);
   else
-    recv_partials<Tout, false>(p, io, seq, m, sw);
+    recv_partials<Tout, false>(p, io, seq, m);
 
   EPKIT_STAGE(p, kStTokensSummed);
 }
@@ -633,11 +605,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (do_send) raise_barrier<kP2P>(p, seq);
     if (do_recv) advance_layer(p, seq);
   }
-  SendWarps sw;
-  if (do_send) sw = combine_send<Tin, Tout, kLarge, kP2P>(p, io, seq, smem);
+  if (do_send) combine_send<Tin, Tout, kLarge, kP2P>(p, io, seq, smem);
   EPKIT_STAGE(p, kStPartialsSent);
   if (do_recv) {
-    combine_recv<Tout, !kLarge && kP2P>(p, io, seq, sw);
+    combine_recv<Tout, !kLarge && kP2P>(p, io, seq);
     if (tail_warp) wait_barrier(p, seq);
   }
   EPKIT_STAGE_EXIT(p, kStCombineExit);
