@@ -471,21 +471,6 @@ __device__ __forceinline__ void recv_partials(const CommParams& p, const Combine
 #pragma unroll
         for (int qq = 0; qq < kUnroll; ++qq)
           if (qq < n) ready = ready && tc[qq].ready(seq);
-        // Not all there: one lane polls one word first (the first word of the slice's last chunk,
-        // whose group warp stores last), then every lane checks its own chunks and waits for any
-        // still missing. Every lane spinning on every chunk re-read the very lines the partial's
-        // warps were still writing.
-        if (!__all_sync(0xffffffffu, ready)) {
-          bool lok = true;
-          if (lane == 0) {
-            const int c_last = min(chunks, (sl + 1) * kSliceChunks) - 1;
-            uint32_t v;
-            lok = wait_tagged(p, reinterpret_cast<const uint64_t*>(partials + (static_cast<size_t>(rr) * M + t) * row_stride +
-                                                                   static_cast<size_t>(c_last) * 32),
-                              seq, v, kPhaseCombineRecv, kWaitPartial, rr);
-          }
-          ok = ok && __shfl_sync(0xffffffffu, lok, 0);
-        }
         if (!ready) {
           ok = ok && wait_tagged_chunks(p, row, kWarpSize * 32, n, seq, kPhaseCombineRecv, kWaitPartial, rr, t);
 #pragma unroll
