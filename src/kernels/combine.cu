@@ -294,6 +294,22 @@ __device__ __forceinline__ void send_partials(const CommParams& p, const Combine
   }
 }
 
+// The small P2P variant's partials for `units` (message, slice) units: G warps per slice, the
+// largest G whose groups take them all in one wave (combine_send_group).
+template <typename Tin, typename Tout, bool kWarpIdx>
+__device__ __forceinline__ void send_partials_grouped(const CommParams& p, const CombineIO& io, uint64_t seq,
+                                                      const CombineSmem& sm, PendingFlags& flags, int units,
+                                                      const WarpMsgIndex& wi = WarpMsgIndex{}) {
+  const int G = combine_send_group(units, static_cast<int>(gridDim.x) * kWarps);
+  if (G == 4) {
+    send_partials<4, Tin, Tout, false, true, kWarpIdx>(p, io, seq, sm, flags, wi);
+  } else if (G == 2) {
+    send_partials<2, Tin, Tout, false, true, kWarpIdx>(p, io, seq, sm, flags, wi);
+  } else {
+    send_partials<1, Tin, Tout, false, true, kWarpIdx>(p, io, seq, sm, flags, wi);
+  }
+}
+
 // kLarge: compiled with the large-call paths (see kLargeCallTokens): messages taken
 // source-interleaved and arrival flags raised kFlagBatch slices at a time.
 // kP2P: every rank P2P-mapped (KernelVariant::kSmallP2P), the portable branches compiled out.
@@ -315,8 +331,9 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
   // Whether the layer was aborted (an error recorded by a wait that ran out), read by thread 0 now
   // and shared at the barrier before the partials: read there, its load was one more round trip
   // before the first partial. Every wait below is bounded, and ends early on an abort by itself.
-  // (The warp-index path below needs none.)
-  const bool aborted_early = !(!kLarge && kP2P && W <= kWarpSize) && threadIdx.x == 0 && is_aborted(p);
+  // (The warp-index path below needs none.) warp_index is block-uniform.
+  const bool warp_index = !kLarge && kP2P && W <= kWarpSize;
+  const bool aborted_early = !warp_index && threadIdx.x == 0 && is_aborted(p);
   // One warp per own token, every block's second-to-last warp first (block by block), then the
   // warps below it (and the last warp, after warp 0): the partials and the token side start from
   // warp 0 and the layer tail's loads are the last warp's, so at decode the warp that sends a
@@ -354,22 +371,14 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
   EPKIT_STAGE(p, kStWeightsSent);
   PendingFlags flags;
   if constexpr (!kLarge && kP2P) {
-    if (W <= kWarpSize) {  // block-uniform
+    if (warp_index) {
       // Each warp on its own: its message index (WarpMsgIndex), then its partials. No early return
       // on an aborted layer here: every wait below is bounded and ends early on an abort by itself,
       // and the warps of a group (named barriers without tagged partials) must all go on.
       WarpMsgIndex wi;
       wi.load(p);
       EPKIT_STAGE(p, kStWeightsArrived);
-      const int units = wi.total * nsc;
-      const int G = combine_send_group(units, nw);
-      if (G == 4) {
-        send_partials<4, Tin, Tout, kLarge, kP2P, true>(p, io, seq, sm, flags, wi);
-      } else if (G == 2) {
-        send_partials<2, Tin, Tout, kLarge, kP2P, true>(p, io, seq, sm, flags, wi);
-      } else {
-        send_partials<1, Tin, Tout, kLarge, kP2P, true>(p, io, seq, sm, flags, wi);
-      }
+      send_partials_grouped<Tin, Tout, true>(p, io, seq, sm, flags, wi.total * nsc, wi);
       return;
     }
   }
@@ -398,15 +407,7 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
   // One partial per (received message, slice): see send_partials. The small P2P variant shares a
   // slice among G warps when the call's slices fit one wave that way (combine_send_group).
   if constexpr (!kLarge && kP2P) {
-    const int units = sm.msg_off[W] * nsc;
-    const int G = combine_send_group(units, nw);
-    if (G == 4) {
-      send_partials<4, Tin, Tout, kLarge, kP2P>(p, io, seq, sm, flags);
-    } else if (G == 2) {
-      send_partials<2, Tin, Tout, kLarge, kP2P>(p, io, seq, sm, flags);
-    } else {
-      send_partials<1, Tin, Tout, kLarge, kP2P>(p, io, seq, sm, flags);
-    }
+    send_partials_grouped<Tin, Tout, false>(p, io, seq, sm, flags, sm.msg_off[W] * nsc);
   } else {
     send_partials<1, Tin, Tout, kLarge, kP2P>(p, io, seq, sm, flags);
   }

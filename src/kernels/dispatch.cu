@@ -457,7 +457,8 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
   // combine_send waits for a portable source's weights_recv_ctr[s] >= weights_base[s]: the weight
   // rows of every call so far, this one's (one per message) included. Only this kernel reads or
   // writes it before then. P2P sources' weights are tagged words, whose target nobody reads: the
-  // small P2P variant compiles this out. The block's last threads, which wait for the data next.
+  // small P2P variant compiles this out. Done by block 0's last threads (my_src = s), which wait
+  // for the data next.
   if (!kP2P && blockIdx.x == 0 && !p.weights_at_dispatch)
     for (int s = my_src; s >= 0 && s < W; s += blockDim.x)
       if (peer_at<kP2P>(p, s) == nullptr) p.weights_base[s] += static_cast<uint64_t>(sm.nmsg[s]);
