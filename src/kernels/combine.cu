@@ -418,8 +418,7 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
 // With arrival flags it waits for each rank's flag, then loads the partials two ranks at a time.
 // kTagged (tagged partials, layout.hpp): it reads each rank's words as they land, one rank at a time
 // (both ranks' tagged words in flight at once spilled 500 bytes); a lane whose chunks have not all
-// landed waits for them out of line and loads them again, so that nothing loaded is live across
-// the call.
+// landed loads them all again until one round has them all, and sums that round's words.
 template <typename Tout, bool kTagged>
 __device__ __forceinline__ void recv_partials(const CommParams& p, const CombineIO& io, uint64_t seq, int m) {
   const int K = p.topk, M = p.max_tokens, H = p.hidden;
@@ -464,19 +463,28 @@ __device__ __forceinline__ void recv_partials(const CommParams& p, const Combine
       for (unsigned km = dmask; km; km &= km - 1) {
         const int rr = __shfl_sync(0xffffffffu, r, __ffs(km) - 1);
         const uint8_t* row = partials + (static_cast<size_t>(rr) * M + t) * row_stride + static_cast<size_t>(c0) * 32;
+        // Every chunk of the lane each round, until one round sees them all under this call's tag
+        // (spin_alive: the bound); the sum takes that round's words. A lane that has failed on an
+        // earlier rank does not wait again.
         TaggedChunk tc[kUnroll];
-#pragma unroll
-        for (int qq = 0; qq < kUnroll; ++qq)
-          if (qq < n) tc[qq].load(row + static_cast<size_t>(qq) * kWarpSize * 32);
-        bool ready = true;
-#pragma unroll
-        for (int qq = 0; qq < kUnroll; ++qq)
-          if (qq < n) ready = ready && tc[qq].ready(seq);
-        if (!ready) {
-          ok = ok && wait_tagged_chunks(p, row, kWarpSize * 32, n, seq, kPhaseCombineRecv, kWaitPartial, rr, t);
+        uint64_t start = 0;
+        for (uint32_t spins = 0;; ++spins) {
 #pragma unroll
           for (int qq = 0; qq < kUnroll; ++qq)
             if (qq < n) tc[qq].load(row + static_cast<size_t>(qq) * kWarpSize * 32);
+          bool ready = true;
+#pragma unroll
+          for (int qq = 0; qq < kUnroll; ++qq)
+            if (qq < n) ready = ready && tc[qq].ready(seq);
+          if (ready || !ok) break;
+          if (spins == 0) {
+            start = global_timer_ns();
+          } else if ((spins & 63) == 0 &&
+                     !spin_alive(p, start, static_cast<int64_t>(tc[0].w[0] >> 32), static_cast<int64_t>(seq & 0xffffffffull),
+                                 kPhaseCombineRecv, kWaitPartial, rr, t, seq)) {
+            ok = false;
+            break;
+          }
         }
 #pragma unroll
         for (int qq = 0; qq < kUnroll; ++qq) {

@@ -214,23 +214,26 @@ __device__ __forceinline__ bool flag_passes(uint64_t v, uint64_t target, Cmp cmp
   return cmp == Cmp::kEq ? v == target : cmp == Cmp::kGe ? v >= target : (v >> 32) == target;
 }
 
-// The spinning part of wait_flag, out of line (see record_error).
-static __device__ __noinline__ bool wait_flag_slow(const CommParams& p, const uint64_t* flag, uint64_t target, Cmp cmp,
-                                                   int32_t phase, int32_t what, int32_t peer, int32_t token,
-                                                   uint64_t seq) {
+// The spinning part of wait_flag, out of line (see record_error). Returns the last value it loaded:
+// one that passes once the flag is there, one that does not on timeout or abort. A tagged word's
+// caller takes its value from it, with no second load after the spin (that load was one more round
+// trip on every wait the first load missed: a decode consumer's usual case).
+static __device__ __noinline__ uint64_t wait_flag_slow(const CommParams& p, const uint64_t* flag, uint64_t target,
+                                                       Cmp cmp, int32_t phase, int32_t what, int32_t peer,
+                                                       int32_t token, uint64_t seq) {
   const uint64_t start = global_timer_ns();
   uint32_t spins = 0;
   while (true) {
     const uint64_t v = ld_acquire_sys(flag);
-    if (flag_passes(v, target, cmp)) return true;
+    if (flag_passes(v, target, cmp)) return v;
     if ((++spins & 63) == 0) {
-      if (is_aborted(p)) return false;
+      if (is_aborted(p)) return v;
       if (global_timer_ns() - start > p.timeout_ns) {
         record_error(p, kErrTimeout, phase, what, peer, -1, token, static_cast<int64_t>(v),
                      static_cast<int64_t>(target), seq);
         atomicExch(&p.state->aborted, 1);
         __threadfence_system();
-        return false;
+        return v;
       }
     }
   }
@@ -242,7 +245,7 @@ __device__ __forceinline__ bool wait_flag(const CommParams& p, const uint64_t* f
                                           int32_t phase, int32_t what, int32_t peer, int32_t token, uint64_t seq) {
   const uint64_t v = ld_acquire_sys(flag);
   if (flag_passes(v, target, cmp)) return true;
-  return wait_flag_slow(p, flag, target, cmp, phase, what, peer, token, seq);
+  return flag_passes(wait_flag_slow(p, flag, target, cmp, phase, what, peer, token, seq), target, cmp);
 }
 
 // A tagged word: the low 32 bits of the call's seq, then a 32-bit value. A peer writes it with one
@@ -258,8 +261,8 @@ __device__ __forceinline__ bool wait_tagged(const CommParams& p, const uint64_t*
   const uint64_t tag = seq & 0xffffffffull;
   uint64_t v = ld_relaxed_sys(word);
   if ((v >> 32) != tag) {
-    if (!wait_flag_slow(p, word, tag, Cmp::kTag, phase, what, peer, -1, seq)) return false;
-    v = ld_relaxed_sys(word);
+    v = wait_flag_slow(p, word, tag, Cmp::kTag, phase, what, peer, -1, seq);  // the word as the spin saw it
+    if ((v >> 32) != tag) return false;
   }
   value = static_cast<uint32_t>(v);
   return true;
@@ -294,35 +297,22 @@ struct TaggedChunk {
                      static_cast<int>(static_cast<uint32_t>(w[2])), static_cast<int>(static_cast<uint32_t>(w[3])));
   }
 };
-// Spins until each of the n chunks at src, src + stride, ... carries this call's tag in all four
-// words; false on timeout or abort, as wait_flag. Out of line, like wait_flag_slow, and the caller
-// reloads the chunks after it (nothing loaded stays live across the call): at decode the reader's
-// first load usually comes before the data, and the spin stays out of the hot loop's code.
-// Its own bounded loop, not wait_flag_slow per word: that nested call raised the P2P combine
-// kernel's spills from 16 to 72 bytes (ptxas, CUDA 13.0), in code every decode call runs.
-static __device__ __noinline__ bool wait_tagged_chunks(const CommParams& p, const uint8_t* src, size_t stride, int n,
-                                                       uint64_t seq, int32_t phase, int32_t what, int32_t peer,
-                                                       int32_t token) {
-  const uint64_t start = global_timer_ns();
-  uint32_t spins = 0;
-  for (int i = 0; i < n; ++i) {
-    while (true) {
-      TaggedChunk c;
-      c.load(src + i * stride);
-      if (c.ready(seq)) break;
-      if ((++spins & 63) == 0) {
-        if (is_aborted(p)) return false;
-        if (global_timer_ns() - start > p.timeout_ns) {
-          record_error(p, kErrTimeout, phase, what, peer, -1, token, static_cast<int64_t>(c.w[0] >> 32),
-                       static_cast<int64_t>(seq & 0xffffffffull), seq);
-          atomicExch(&p.state->aborted, 1);
-          __threadfence_system();
-          return false;
-        }
-      }
-    }
-  }
-  return true;
+// One check of a spin that a caller runs inline (tagged partial chunks): every 64th round it asks
+// whether to go on. False once the object is aborted, or when the wait has lasted p.timeout_ns since
+// start (then recorded and the object aborted, as wait_flag). Out of line, like wait_flag_slow, so
+// that the spin's own code is only its loads and tag checks. The spin is inline, loads all of a
+// lane's chunks each round into the registers it then sums, and so takes them from the round that
+// sees them all: before session 26 an out-of-line loop waited for one chunk after the other (a
+// round trip each, even once all had landed) and the caller loaded them again after it, up to
+// n + 1 round trips after the data came where one is enough.
+static __device__ __noinline__ bool spin_alive(const CommParams& p, uint64_t start, int64_t seen, int64_t want,
+                                               int32_t phase, int32_t what, int32_t peer, int32_t token, uint64_t seq) {
+  if (is_aborted(p)) return false;
+  if (global_timer_ns() - start <= p.timeout_ns) return true;
+  record_error(p, kErrTimeout, phase, what, peer, -1, token, seen, want, seq);
+  atomicExch(&p.state->aborted, 1);
+  __threadfence_system();
+  return false;
 }
 
 // m for this call: the host value, or the device value clamped to [0, min(M, rows)] (reported).
