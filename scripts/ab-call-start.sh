@@ -15,3 +15,16 @@ t0=$(date +%s)
 if [ -f .ab/libs.tar.xz ]; then (cd .ab && tar xJf libs.tar.xz && rm libs.tar.xz); fi
 TAIL=3 scripts/gpu-session.sh "$W/s" build
 echo "build t=$(( $(date +%s) - t0 ))"
+# lim MAX: seconds a step may take, MAX or what is left of the call's budget (EPKIT_CALL_BUDGET,
+# default 570 s of the device tool's 600), whichever is less. Session 25's scripts defined it each.
+lim() { local l=$(( ${EPKIT_CALL_BUDGET:-570} - ($(date +%s) - t0) )); [ $l -lt $1 ] && echo $l || echo $1; }
+# ab_libs DIR REPS MAX "LIBS" [epkit-bench args]: scripts/bench-ab.sh run-libs of the general kernels at
+# W = 1 (EPKIT_LOCAL_KERNELS=0) into $W/DIR, log $W/DIR.txt, its medians printed.
+ab_libs() {
+  local dir=$1 reps=$2 max=$3 libs=$4
+  shift 4
+  EPKIT_LOCAL_KERNELS=0 EPKIT_AB_LIBS="$libs" timeout $(lim $max) scripts/bench-ab.sh run-libs \
+    "$W/$dir" build-gpu --reps $reps -- "$@" > "$W/$dir.txt" 2>&1
+  echo "$dir rc=$? t=$(( $(date +%s) - t0 ))"
+  sed -n '/median over/,$p' "$W/$dir.txt"
+}
