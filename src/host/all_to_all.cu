@@ -304,7 +304,7 @@ AllToAll::AllToAll(const Communicator& comm, const AllToAllConfig& cfg_in) : imp
   int max_blocks = cfg.num_sms > 0 && cfg.num_sms < sms ? cfg.num_sms : sms;
   if (max_blocks > kMaxGridBlocks) max_blocks = kMaxGridBlocks;
   const host::GeneralBlocks gb = host::general_blocks(
-      static_cast<int64_t>(p.world_size) * p.max_msgs_per_src, p.max_tokens, p.topk, p.dispatch_slices,
+      static_cast<int64_t>(p.world_size) * p.max_msgs_per_src, p.max_tokens, p.max_msgs_per_src, p.topk, p.dispatch_slices,
       p.combine_slices,
       kernels::combine_units(p.world_size, p.max_msgs_per_src, p.max_tokens, p.combine_slices,
                              combine_group(p, max_blocks)),

@@ -22,12 +22,12 @@ int spread_blocks(int64_t warp_units, int max_blocks) {
 }
 }  // namespace
 
-GeneralBlocks general_blocks(int64_t max_msgs, int max_tokens, int topk, int dispatch_slices, int combine_slices,
-                             int64_t combine_warp_units, int max_blocks) {
+GeneralBlocks general_blocks(int64_t max_msgs, int max_tokens, int max_own_tokens, int topk, int dispatch_slices,
+                             int combine_slices, int64_t combine_warp_units, int max_blocks) {
   EPKIT_CHECK(max_blocks >= 1, "general_blocks: max_blocks = ", max_blocks, " must be at least 1");
   GeneralBlocks g;
   g.dispatch = std::max(blocks_for(max_msgs * dispatch_slices, max_blocks),
-                        spread_blocks(max_msgs * dispatch_slices * topk, max_blocks));
+                        spread_blocks(max_msgs * dispatch_slices * topk + max_own_tokens, max_blocks));
   const int64_t groups = std::max(max_msgs, static_cast<int64_t>(max_tokens)) * combine_slices;
   g.combine = std::max(blocks_for(combine_warp_units, max_blocks), spread_blocks(groups, max_blocks));
   return g;

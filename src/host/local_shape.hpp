@@ -27,12 +27,15 @@ int blocks_for(int64_t warp_units, int max_blocks);
 // slice) of its token side), up to max_blocks: a decode call then has each unit on an SM of its
 // own (session 18: V3 at 1 token 24.3 -> 21.4 us per pair at W = 1). Never fewer than one warp
 // per (message, slice) unit of dispatch and per combine_warp_units unit of combine, 16 to a block.
+// Dispatch also has a block per own token (max_own_tokens, ceil(M / D)) beside the copy's: the fused
+// kernel's small calls send each own token from a block of the grid's end that takes no copy unit
+// (dispatch.cu, send_chunk_begin).
 struct GeneralBlocks {
   int dispatch = 1;
   int combine = 1;
 };
-GeneralBlocks general_blocks(int64_t max_msgs, int max_tokens, int topk, int dispatch_slices, int combine_slices,
-                             int64_t combine_warp_units, int max_blocks);
+GeneralBlocks general_blocks(int64_t max_msgs, int max_tokens, int max_own_tokens, int topk, int dispatch_slices,
+                             int combine_slices, int64_t combine_warp_units, int max_blocks);
 
 // Shared memory of the dispatch kernel (bytes): the counts, then the large path's round arrays or
 // the small path's per-warp counters and one (expert, rank) pair per entry of the largest call.

@@ -397,6 +397,14 @@ static_assert(static_cast<int64_t>(kMaxTokensPerRank) * kMaxGridBlocks <= INT32_
 __device__ __forceinline__ int chunk_begin(int n, unsigned b, unsigned nb) {
   return static_cast<int>(static_cast<unsigned>(n) * b / nb);
 }
+// The own tokens' chunks of dispatch's small send half: one token to each of the grid's last n blocks
+// when n is at most the grid, else chunk_begin's even chunks. Either way block b's chunk comes
+// before block b + 1's. The blocks before the senders then take the receive copy's units
+// (dispatch_recv), which in a sending block would start only after its send half.
+__device__ __forceinline__ int send_chunk_begin(int n, unsigned b, unsigned nb) {
+  const int skip = static_cast<int>(nb) - n;  // blocks before the first sender
+  return skip >= 0 ? max(0, static_cast<int>(b) - skip) : chunk_begin(n, b, nb);
+}
 
 // Tokens this rank sends from its DP group: t = u * D + i for i = rank % D.
 // own_tokens from the host's group index and multiplier (own_tokens_by_mul).

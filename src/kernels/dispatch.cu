@@ -171,11 +171,14 @@ static __device__ __noinline__ void write_own(const CommParams& p, const Dispatc
 // receive half copies again; this overlaps that half of the fan-out with the link. Own tokens come
 // first in every local expert's run, so their slots need no peer's counts. The arrival counter
 // still advances by the slices, so the bookkeeping is the same as when the message is sent.
-// Returns whether it did (the receive half of the same kernel then skips our own messages).
 // kLarge: compiled with the large-call paths (see kLargeCallTokens); kP2P: every rank P2P-mapped
 // (KernelVariant::kSmallP2P), the portable branches compiled out.
+struct SendDone {
+  bool direct_self = false;  // the receive half of the same kernel skips our own messages
+  int sender_blocks = 0;     // small calls: the grid's last blocks, one own token each (send_chunk_begin)
+};
 template <bool kLarge, bool kP2P>
-__device__ bool dispatch_send(const CommParams& p, const DispatchIO& io, uint64_t seq, int* smem, bool fused) {
+__device__ SendDone dispatch_send(const CommParams& p, const DispatchIO& io, uint64_t seq, int* smem, bool fused) {
   const int E = p.num_experts, W = p.world_size, L = p.num_local_experts, K = p.topk, D = p.dp_size;
   const int me = p.rank, gi = p.group_index, S = p.max_msgs_per_src, nsd = p.dispatch_slices;
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
@@ -238,7 +241,7 @@ __device__ bool dispatch_send(const CommParams& p, const DispatchIO& io, uint64_
   for (int x = threadIdx.x; x < E; x += blockDim.x) sm.cnt_total[x] = 0, sm.run_e[x] = 0;
   for (int x = threadIdx.x; x < W; x += blockDim.x) sm.dst_total[x] = 0, sm.run_d[x] = 0, sm.blk_sent[x] = 0;
   __syncthreads();
-  if (!kLarge) u0 = chunk_begin(n_own, blockIdx.x, gridDim.x), u1 = chunk_begin(n_own, blockIdx.x + 1, gridDim.x);
+  if (!kLarge) u0 = send_chunk_begin(n_own, blockIdx.x, gridDim.x), u1 = send_chunk_begin(n_own, blockIdx.x + 1, gridDim.x);
 
   while (base < h1) {
 #pragma unroll
@@ -415,11 +418,17 @@ __device__ bool dispatch_send(const CommParams& p, const DispatchIO& io, uint64_
       red_release_sys_add(ctr, n);
   }
   EPKIT_STAGE(p, kStSendDone);
-  return direct_self;
+  SendDone done;
+  done.direct_self = direct_self;
+  done.sender_blocks = !kLarge && n_own <= static_cast<int>(gridDim.x) ? n_own : 0;
+  return done;
 }
 
+// sender_blocks: the grid's last blocks that ran a send half of one own token first (the fused
+// kernel's small calls; 0 otherwise).
 template <bool kP2P>
-__device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_t seq, int* smem, bool direct_self) {
+__device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_t seq, int* smem, bool direct_self,
+                              int sender_blocks) {
   const int W = p.world_size, L = p.num_local_experts, K = p.topk, S = p.max_msgs_per_src, me = p.rank;
   const int cap = p.capacity, nsd = p.dispatch_slices;
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
@@ -514,10 +523,19 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
   // choice: total is the same in every block). One block storing a 1-token message into 8 rows
   // took 1.8 us (session 14's stamps); the W = 1 kernels' scatter went from 2.3 to 1.0 us when
   // spread over the grid's SMs, while more warps of the same SM made this copy slower (session 13).
+  // The fused kernel's sending blocks (the grid's last sender_blocks, one own token each) take no
+  // unit when the units fit the warps of the blocks before them: a sending block reaches its copy
+  // only after its send half, its count read and its offsets, and at decode it ended the grid last
+  // (stamps, V3 1 token: its copy loaded 0.67 us after its data wait, 5.14 us into the kernel). The
+  // host sizes the grid with a block per own token beside the copy's (host::general_blocks).
   const int nw = gridDim.x * kWarps;
   const int kx = total > 0 && total * nsd * K <= nw ? K : 1;
   const int units = total * nsd * kx;
-  const int q0 = units <= nw ? warp * gridDim.x + blockIdx.x : blockIdx.x * kWarps + warp;
+  const int cb = static_cast<int>(gridDim.x) - sender_blocks;  // copy blocks, when the units fit them
+  const int q0 = sender_blocks > 0 && units <= cb * kWarps
+                     ? (static_cast<int>(blockIdx.x) < cb ? warp * cb + static_cast<int>(blockIdx.x) : units)
+                 : units <= nw ? warp * gridDim.x + blockIdx.x
+                               : blockIdx.x * kWarps + warp;
   for (int q = q0; q < units; q += nw) {
     // Per entry, unit q is entry kq = q % K of (message, slice) qs = q / K, and a warp has at most
     // one unit (q < nw <= 4096: small_div is exact). Multiplies, not divisions (div_by_mul).
@@ -586,9 +604,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ int smem[];
   wait_previous_kernel();
   const uint64_t seq = *reinterpret_cast<volatile uint64_t*>(&p.state->seq);  // not waited for until used
-  const bool direct_self = do_send && dispatch_send<kLarge, kP2P>(p, io, seq, smem, do_recv);
+  SendDone sent;
+  if (do_send) sent = dispatch_send<kLarge, kP2P>(p, io, seq, smem, do_recv);
   if (do_send && do_recv) __syncthreads();
-  if (do_recv) dispatch_recv<kP2P>(p, io, seq, smem, direct_self);
+  if (do_recv) dispatch_recv<kP2P>(p, io, seq, smem, sent.direct_self, sent.sender_blocks);
   EPKIT_STAGE(p, kStDispatchDone);
   EPKIT_STAGE_EXIT(p, kStDispatchExit);
 }

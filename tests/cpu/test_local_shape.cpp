@@ -332,27 +332,32 @@ TEST(LocalShape, BlocksForOneWarpPerUnit) {  // every kernel's grid (all_to_all.
 // The general kernels' grids: DeepSeek-V3 at W = 1 has 4 dispatch slices (7168-byte fp8 payload)
 // and 7 combine slices (7168 bf16); V3 at EP2 sends 2 messages per 1-token call.
 TEST(LocalShape, GeneralBlocksSpreadDecodeUnits) {
-  // One block per (message, slice, entry) of the copy, per (message, slice) of combine.
-  GeneralBlocks g = general_blocks(1, 1, 8, 4, 7, 28, kH200Sms);
-  EXPECT_EQ(g.dispatch, 32);  // 4 (message, slice) warp units would have packed into 1 block
+  // One block per (message, slice, entry) of the copy and one per own token, which sends from a
+  // block of its own (dispatch.cu, send_chunk_begin); one per (message, slice) of combine.
+  GeneralBlocks g = general_blocks(1, 1, 1, 8, 4, 7, 28, kH200Sms);
+  EXPECT_EQ(g.dispatch, 33);  // 4 (message, slice) warp units would have packed into 1 block
   EXPECT_EQ(g.combine, 7);    // 28 warp units (7 slices x groups of 4) into 2
-  g = general_blocks(2, 1, 8, 4, 7, 56, kH200Sms);  // EP2, 1 token
-  EXPECT_EQ(g.dispatch, 64);
+  g = general_blocks(2, 1, 1, 8, 4, 7, 56, kH200Sms);  // EP2, 1 token
+  EXPECT_EQ(g.dispatch, 65);
   EXPECT_EQ(g.combine, 14);
-  // The token side's (token, slice) units count too: DP groups send fewer messages than tokens.
-  EXPECT_EQ(general_blocks(1, 4, 8, 4, 7, 28, kH200Sms).combine, 28);
+  EXPECT_EQ(general_blocks(4, 4, 4, 8, 4, 7, 112, kH200Sms).dispatch, 132);  // W = 1, 4 tokens: 128 + 4
+  // DP groups: a rank sends ceil(M / D) of its group's M tokens (W = 2, D = 2, M = 4: 2 per source,
+  // 4 messages, 2 own tokens).
+  EXPECT_EQ(general_blocks(4, 4, 2, 8, 4, 7, 112, kH200Sms).dispatch, 130);
+  // The token side's (token, slice) units count for combine: fewer messages than tokens.
+  EXPECT_EQ(general_blocks(1, 4, 1, 8, 4, 7, 28, kH200Sms).combine, 28);
   // Larger objects: capped at max_blocks.
-  g = general_blocks(128, 128, 8, 4, 7, 896 * 2, kH200Sms);
+  g = general_blocks(128, 128, 128, 8, 4, 7, 896 * 2, kH200Sms);
   EXPECT_EQ(g.dispatch, kH200Sms);
   EXPECT_EQ(g.combine, kH200Sms);
-  // Never below 16 warp units to a block (top-1, one slice: the entries add nothing).
-  g = general_blocks(1, 1, 1, 1, 1, 64, kH200Sms);
-  EXPECT_EQ(g.dispatch, 1);
+  // Never below 16 warp units to a block (top-1, one slice: the entries add little).
+  g = general_blocks(1, 1, 1, 1, 1, 1, 64, kH200Sms);
+  EXPECT_EQ(g.dispatch, 2);  // the copy's unit and the sender's block
   EXPECT_EQ(g.combine, 4);
-  g = general_blocks(1, 1, 8, 4, 7, 28, 5);  // a num_sms cap below the units
+  g = general_blocks(1, 1, 1, 8, 4, 7, 28, 5);  // a num_sms cap below the units
   EXPECT_EQ(g.dispatch, 5);
   EXPECT_EQ(g.combine, 5);
-  EXPECT_THROW(general_blocks(1, 1, 8, 4, 7, 28, 0), Error);
+  EXPECT_THROW(general_blocks(1, 1, 1, 8, 4, 7, 28, 0), Error);
 }
 
 TEST(LocalShape, ZeroBlocksIsAnError) {
