@@ -503,6 +503,15 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
   if (blockIdx.x == 0)
     for (int s = threadIdx.x; s < W; s += blockDim.x) p.num_msgs[s] = sm.nmsg[s];
   EPKIT_STAGE(p, kStOffsetsDone);
+  // A sending block that will take no copy unit (see the units below) leaves now: nothing it does
+  // waits for the data. Block-uniform; its threads count the messages themselves (no prefix yet).
+  if (sender_blocks > 0 && static_cast<int>(blockIdx.x) >= static_cast<int>(gridDim.x) - sender_blocks) {
+    int msgs = 0;
+#pragma unroll 1
+    for (int s = 0; s < W; ++s) msgs += direct_self && s == me ? 0 : sm.nmsg[s];
+    const int nw = gridDim.x * kWarps, cb = static_cast<int>(gridDim.x) - sender_blocks;
+    if (msgs * nsd * (msgs > 0 && msgs * nsd * K <= nw ? K : 1) <= cb * kWarps) return;
+  }
   const uint64_t* recv_ctr = sym_at<uint64_t>(p, p.off_dispatch_recv_ctr);
   for (int s = my_src; s >= 0 && s < W; s += blockDim.x)
     if (!(direct_self && s == me))  // our own slices are counted before this kernel ends, read by nobody
