@@ -420,7 +420,7 @@ __device__ SendDone dispatch_send(const CommParams& p, const DispatchIO& io, uin
   EPKIT_STAGE(p, kStSendDone);
   SendDone done;
   done.direct_self = direct_self;
-  done.sender_blocks = !kLarge && n_own <= static_cast<int>(gridDim.x) ? n_own : 0;
+  done.sender_blocks = !kLarge && send_from_last_blocks(n_own, gridDim.x) ? n_own : 0;
   return done;
 }
 
