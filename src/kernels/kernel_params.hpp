@@ -140,9 +140,11 @@ struct CommParams {
   int all_p2p;           // 1: every rank's base is P2P-mapped (no put-with-signal anywhere)
   uint32_t rank_div;     // expert_rank_div(L): e / L as one multiply (expert_rank)
   int combine_row_bytes; // stride of combine_recv's rows (SymmetricLayout::combine_row_bytes)
-  int tagged_partials;   // 1: combine's partials travel as tagged words (kTaggedPartialMaxTokens); only
-                         // set where every rank has every peer P2P-mapped, so only the small P2P
-                         // variants (which every call of such an object takes) read it
+  int tagged_words;      // 1: dispatch's messages and combine's partials travel as tagged words
+                         // (kTaggedMaxTokens); only set where every rank has every peer P2P-mapped,
+                         // so only the small P2P variants (which every call of such an object takes)
+                         // read it
+  int msg_stride;        // stride of dispatch_recv's slots (SymmetricLayout::dispatch_msg_stride)
   // The DP group arithmetic of every general kernel's first instructions, from the host: rank % D
   // and a multiply for / D (small_div). Computed in the kernels, they were two inlined divisions
   // (about 70 instructions) that every warp ran before the dispatch's first index load.
