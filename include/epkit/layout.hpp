@@ -54,7 +54,6 @@ struct SymmetricLayout {
 
   // Dispatch.
   size_t dispatch_recv = 0;      // [W][ceil(M/D)] slots of dispatch_msg_stride, written by source ranks
-  size_t dispatch_msg_stride = 0; // msg.bytes, twice that for M <= kTaggedMaxTokens (P2P: tagged words)
   size_t dispatch_stage = 0;     // [ceil(M/D)] messages, staging for the portable path (local)
   size_t dispatch_counts = 0;    // [W][L + 1] uint64: per-(source, local expert) counts, then #messages,
                                  // each tagged with its call: (seq mod 2^32) << 32 | count
@@ -73,10 +72,13 @@ struct SymmetricLayout {
   size_t combine_flag = 0;       // [W][M][combine_slices] uint64: seq of the call whose partial slice landed
   size_t barrier_flag = 0;       // [W] uint64: seq of the call each peer has entered combine with
   size_t total_bytes = 0;
+  // After total_bytes so that the fields before keep their offsets (a tool built against the
+  // previous header reads total_bytes from a newer library: scripts/bench-ab.sh run-libs).
+  size_t dispatch_msg_stride = 0; // dispatch_recv's slots: msg.bytes, twice that for M <= kTaggedMaxTokens (P2P)
 
   // every_rank_p2p: whether every rank of the object maps every peer's symmetric heap (AllToAll
   // agrees on it at creation, before allocating); with DataPath::kPortable it is taken as false.
-  // Only then do decode objects' combine_recv rows get room for tagged words.
+  // Only then do decode objects' dispatch_recv slots and combine_recv rows get room for tagged words.
   static SymmetricLayout make(const AllToAllConfig& cfg, bool every_rank_p2p = true);
 };
 
