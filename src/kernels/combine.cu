@@ -581,8 +581,11 @@ __device__ __forceinline__ void raise_barrier(const CommParams& p, uint64_t seq)
 // combine_send reads them.)
 __device__ __forceinline__ void advance_layer(const CommParams& p, uint64_t seq) {
   const int lane = threadIdx.x % kWarpSize;
-  for (int s = lane; s < p.world_size; s += kWarpSize)
-    p.recv_base[s] += static_cast<uint64_t>(p.num_msgs[s]) * p.dispatch_slices;  // slices per message
+  for (int s = lane; s < p.world_size; s += kWarpSize) {
+    const int n = p.num_msgs[s];
+    if (!tagged_pair(p.tagged_words, n))  // a tagged pair's messages raised no counter (kTaggedMsgMaxMsgs)
+      p.recv_base[s] += static_cast<uint64_t>(n) * p.dispatch_slices;  // slices per message
+  }
   if (lane == 0) *reinterpret_cast<volatile uint64_t*>(&p.state->seq) = seq + 1;
 }
 

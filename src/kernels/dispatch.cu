@@ -412,7 +412,7 @@ __device__ SendDone dispatch_send(const CommParams& p, const DispatchIO& io, uin
           write_own(p, io, v[0], v[1], v[2], v[3], slot, sl, t, me * S + jd, src_scale, seq);
           if (lane == 0) atomicAdd(&sm.blk_sent[rd], 1);
         } else if (uint8_t* pb = peer_at<kP2P>(p, rd)) {
-          if (tagged) {
+          if (tagged && tagged_pair(1, sm.dst_total[rd])) {
             write_slice_tagged(pb + slot_off);  // counted by nobody: the words are their own arrival
           } else {
             write_slice(pb + slot_off);
@@ -615,8 +615,9 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
   // Tagged messages carry their own arrival: the copy's loads wait for their words instead.
   const bool tagged = tagged_messages<false, kP2P>(p);
   const uint64_t* recv_ctr = sym_at<uint64_t>(p, p.off_dispatch_recv_ctr);
-  for (int s = my_src; !tagged && s >= 0 && s < W; s += blockDim.x)
-    if (!(direct_self && s == me))  // our own slices are counted before this kernel ends, read by nobody
+  for (int s = my_src; s >= 0 && s < W; s += blockDim.x)
+    // Our own slices with direct_self are counted before this kernel ends, read by nobody.
+    if (!(direct_self && s == me) && !(tagged && tagged_pair(1, sm.nmsg[s])))
       ok &= wait_flag(p, recv_ctr + s, (s == my_src ? my_base : p.recv_base[s]) +
                       static_cast<uint64_t>(sm.nmsg[s]) * nsd, Cmp::kGe,
                       kPhaseDispatchRecv, kWaitDispatchData, s, -1, seq);
@@ -660,7 +661,8 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
     int2 erk;
     int tok = 0;
     uint32_t wt = 0;
-    if (tagged) {
+    const bool tagged_unit = tagged && tagged_pair(1, sm.nmsg[s]);  // warp-uniform
+    if (tagged_unit) {
       if (!__all_sync(0xffffffffu, load_tagged_unit(p, msg, sl, lane, unit0, seq, s, v, scv, erk, tok, wt)))
         continue;  // recorded, and the layer fails; this unit's header may be garbage
     } else {
@@ -710,7 +712,7 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
         for (int i = 0; i < kScaleRegs; ++i)
           if (i * kWarpSize + lane < p.num_scales) dst[i * kWarpSize + lane] = scv[i];
         for (int x = kScaleRegs * kWarpSize + lane; x < p.num_scales; x += kWarpSize) {  // hidden > 16384
-          if (tagged) {
+          if (tagged_unit) {
             uint32_t bits = 0;  // on a timeout the error is recorded and the layer fails
             wait_tagged(p, reinterpret_cast<const uint64_t*>(msg + 2 * static_cast<size_t>(p.header_bytes)) + x, seq,
                         bits, kPhaseDispatchRecv, kWaitDispatchData, s);

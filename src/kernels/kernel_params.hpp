@@ -248,6 +248,18 @@ inline bool large_variant(const CommParams& p, const TokenCount& m) {
 // costs it at decode: 1.5 us per pair, docs/perf-notes/2026-12-01-general-kernels-s13.md); else
 // the small variant.
 enum class KernelVariant { kSmall, kSmallP2P, kLarge };
+
+// Tagged dispatch messages (layout.hpp, CommParams::tagged_words) go between a (source, destination)
+// pair only in calls where the source sends that destination at most this many messages; larger
+// calls keep the arrival counter. Both ends know the number (the source's count row carries it), so
+// they agree without a flag, and so does combine's advance of the counter's base (advance_layer).
+// Session 26, general kernels at W = 1: tagged, 1-4 tokens -0.0 to -0.2 us per pair event-timed,
+// -0.3 to -0.7 in the graph replay; 128 tokens +0.3 and +0.5 to +0.8 in the graph (twice the
+// bytes, read by copy units that spin while they land).
+inline constexpr int kTaggedMsgMaxMsgs = 32;
+constexpr bool tagged_pair(int tagged_words, int msgs) {
+  return tagged_words != 0 && msgs <= kTaggedMsgMaxMsgs;
+}
 inline KernelVariant kernel_variant(const CommParams& p, const TokenCount& m) {
   return large_variant(p, m) ? KernelVariant::kLarge : p.all_p2p != 0 ? KernelVariant::kSmallP2P : KernelVariant::kSmall;
 }
