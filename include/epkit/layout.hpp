@@ -14,15 +14,14 @@ namespace epkit {
 // all of its loads in flight, and a message or output row of n bytes has ceil(n / kSliceBytes).
 inline constexpr size_t kSliceBytes = 2048;
 
-// Objects of at most this many tokens per rank (decode objects) send dispatch's messages and
-// combine's partials between P2P ranks as tagged words: each 4-byte word travels in an 8-byte word
-// with the call's tag (low 32 bits of its sequence number), so that the receiver reads each word as
-// soon as it lands, with no release, arrival counter, flag or barrier between the stores and their
-// use. That takes twice the bytes, so these objects' dispatch_recv slots are 2 x msg.bytes apart
-// (word i of a message at byte 8 i) and their combine_recv rows 2 x H x sizeof(out dtype).
+// Objects of at most this many tokens per rank (decode objects) send combine's partials between
+// P2P ranks as tagged words: each 4-byte word of the partial travels in an 8-byte word with the
+// call's tag (low 32 bits of its sequence number), so that the token side reads each word as soon
+// as it lands, with no release, flag or barrier between the partial's stores and its sum. That takes
+// twice the bytes, so combine_recv's rows of these objects are 2 x H x sizeof(out dtype) apart.
 // The kernels use it only where every rank of the object has every peer P2P-mapped
-// (CommParams::tagged_words, agreed at creation); other objects keep the single width.
-inline constexpr int kTaggedMaxTokens = 256;
+// (CommParams::tagged_partials, agreed at creation); other objects' rows keep the single width.
+inline constexpr int kTaggedPartialMaxTokens = 256;
 
 // Most tokens per rank an object takes (AllToAllConfig::max_tokens_per_rank): it keeps every
 // symmetric offset and slot index inside int32 arithmetic on the device.
@@ -53,7 +52,7 @@ struct SymmetricLayout {
   size_t max_msgs_per_src = 0;   // ceil(M / D): messages one source rank can send to one destination
 
   // Dispatch.
-  size_t dispatch_recv = 0;      // [W][ceil(M/D)] slots of dispatch_msg_stride, written by source ranks
+  size_t dispatch_recv = 0;      // [W][ceil(M/D)] messages, written by source ranks
   size_t dispatch_stage = 0;     // [ceil(M/D)] messages, staging for the portable path (local)
   size_t dispatch_counts = 0;    // [W][L + 1] uint64: per-(source, local expert) counts, then #messages,
                                  // each tagged with its call: (seq mod 2^32) << 32 | count
@@ -66,19 +65,16 @@ struct SymmetricLayout {
   size_t weights_stage = 0;      // [ceil(M/D)][K] uint64 staging for the portable path
   size_t weights_recv_ctr = 0;   // [W] uint64: weight rows landed from each portable source, cumulative
   size_t combine_recv = 0;       // [W][M] rows of combine_row_bytes: one partial per (source rank, token)
-  size_t combine_row_bytes = 0;  // H x sizeof(out dtype), twice that for M <= kTaggedMaxTokens (P2P)
+  size_t combine_row_bytes = 0;  // H x sizeof(out dtype), twice that for M <= kTaggedPartialMaxTokens (P2P)
   size_t combine_stage = 0;      // [W * ceil(M/D)][H] out dtype: partial staging for the portable path
   size_t combine_slices = 0;     // ceil(H * sizeof(out dtype) / kSliceBytes)
   size_t combine_flag = 0;       // [W][M][combine_slices] uint64: seq of the call whose partial slice landed
   size_t barrier_flag = 0;       // [W] uint64: seq of the call each peer has entered combine with
   size_t total_bytes = 0;
-  // After total_bytes so that the fields before keep their offsets (a tool built against the
-  // previous header reads total_bytes from a newer library: scripts/bench-ab.sh run-libs).
-  size_t dispatch_msg_stride = 0; // dispatch_recv's slots: msg.bytes, twice that for M <= kTaggedMaxTokens (P2P)
 
   // every_rank_p2p: whether every rank of the object maps every peer's symmetric heap (AllToAll
   // agrees on it at creation, before allocating); with DataPath::kPortable it is taken as false.
-  // Only then do decode objects' dispatch_recv slots and combine_recv rows get room for tagged words.
+  // Only then do decode objects' combine_recv rows get room for tagged words.
   static SymmetricLayout make(const AllToAllConfig& cfg, bool every_rank_p2p = true);
 };
 

@@ -38,9 +38,7 @@ SymmetricLayout SymmetricLayout::make(const AllToAllConfig& c, bool every_rank_p
   const size_t out_row = static_cast<size_t>(c.hidden) * dtype_size(c.combine_out_dtype);
   s.max_msgs_per_src = S;
   Carver cv;
-  const bool tagged = every_rank_p2p && c.path != DataPath::kPortable && c.max_tokens_per_rank <= kTaggedMaxTokens;
-  s.dispatch_msg_stride = s.msg.bytes * (tagged ? 2 : 1);
-  s.dispatch_recv = cv.take(W * S * s.dispatch_msg_stride);
+  s.dispatch_recv = cv.take(W * S * s.msg.bytes);
   s.dispatch_stage = cv.take(S * s.msg.bytes);
   s.dispatch_counts = cv.take(W * (L + 1) * sizeof(uint64_t));
   s.dispatch_count_stage = cv.take(W * (L + 1) * sizeof(uint64_t));
@@ -49,6 +47,7 @@ SymmetricLayout SymmetricLayout::make(const AllToAllConfig& c, bool every_rank_p
   s.weights_recv = cv.take(W * S * K * sizeof(uint64_t));
   s.weights_stage = cv.take(S * K * sizeof(uint64_t));
   s.weights_recv_ctr = cv.take(W * sizeof(uint64_t));
+  const bool tagged = every_rank_p2p && c.path != DataPath::kPortable && c.max_tokens_per_rank <= kTaggedPartialMaxTokens;
   s.combine_row_bytes = out_row * (tagged ? 2 : 1);
   s.combine_recv = cv.take(W * M * s.combine_row_bytes);
   s.combine_stage = cv.take(W * S * out_row);

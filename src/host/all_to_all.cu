@@ -261,12 +261,11 @@ AllToAll::AllToAll(const Communicator& comm, const AllToAllConfig& cfg_in) : imp
   for (uint8_t* pb : peers) p.all_p2p &= pb != nullptr ? 1 : 0;
   EPKIT_CHECK(p.all_p2p == (maps_all ? 1 : 0), "rank ", cfg.rank, ": nvshmem_ptr ",
               maps_all ? "lost" : "found", " a peer mapping between the control block and this object's buffers");
-  // Tagged words (messages and partials) where the layout made room for them: every rank maps every peer (agreed above),
+  // Tagged partials where the layout made room for them: every rank maps every peer (agreed above),
   // so every call takes the small P2P variants (such objects are too small for the large one).
   p.combine_row_bytes = static_cast<int>(I.sym_layout.combine_row_bytes);
-  p.msg_stride = static_cast<int>(I.sym_layout.dispatch_msg_stride);
-  p.tagged_words = p.combine_row_bytes == 2 * p.out_row_bytes && p.msg_stride == 2 * p.msg_bytes ? 1 : 0;
-  EPKIT_CHECK(!p.tagged_words || !kernels::large_capable(p), "tagged words on an object of ",
+  p.tagged_partials = p.combine_row_bytes == 2 * p.out_row_bytes ? 1 : 0;
+  EPKIT_CHECK(!p.tagged_partials || !kernels::large_capable(p), "tagged partials on an object of ",
               p.max_msgs_per_src, " messages per source (the large variant does not read them)");
   const SymmetricLayout& s = I.sym_layout;
   p.off_dispatch_recv = s.dispatch_recv;

@@ -122,7 +122,7 @@ __device__ __forceinline__ void send_partials(const CommParams& p, const Combine
   const size_t out_row = p.out_row_bytes, row_stride = p.combine_row_bytes;
   // Tagged partials (layout.hpp): the words carry their own arrival, so no flag, barrier or release.
   // Set only where every rank maps every peer, whose calls all take the small P2P variant.
-  const bool tagged = !kLarge && kP2P && p.tagged_words;
+  const bool tagged = !kLarge && kP2P && p.tagged_partials;
   const uint64_t* wrecv = sym_at<uint64_t>(p, p.off_weights_recv);
   const Tin* y = static_cast<const Tin*>(io.expert_y);
   for (int q = grp; q < span * nsc; q += ngroups) {
@@ -542,7 +542,7 @@ __device__ __forceinline__ void recv_partials(const CommParams& p, const Combine
 template <typename Tout, bool kTaggable>
 __device__ void combine_recv(const CommParams& p, const CombineIO& io, uint64_t seq) {
   const int m = resolve_num_tokens(p, io.m, kPhaseCombineRecv, seq, false);
-  if (kTaggable && p.tagged_words)
+  if (kTaggable && p.tagged_partials)
     recv_partials<Tout, true>(p, io, seq, m);
   else
     recv_partials<Tout, false>(p, io, seq, m);
@@ -581,11 +581,8 @@ __device__ __forceinline__ void raise_barrier(const CommParams& p, uint64_t seq)
 // combine_send reads them.)
 __device__ __forceinline__ void advance_layer(const CommParams& p, uint64_t seq) {
   const int lane = threadIdx.x % kWarpSize;
-  for (int s = lane; s < p.world_size; s += kWarpSize) {
-    const int n = p.num_msgs[s];
-    if (!tagged_pair(p.tagged_words, n))  // a tagged pair's messages raised no counter (kTaggedMsgMaxMsgs)
-      p.recv_base[s] += static_cast<uint64_t>(n) * p.dispatch_slices;  // slices per message
-  }
+  for (int s = lane; s < p.world_size; s += kWarpSize)
+    p.recv_base[s] += static_cast<uint64_t>(p.num_msgs[s]) * p.dispatch_slices;  // slices per message
   if (lane == 0) *reinterpret_cast<volatile uint64_t*>(&p.state->seq) = seq + 1;
 }
 

@@ -268,7 +268,7 @@ __device__ __forceinline__ bool wait_tagged(const CommParams& p, const uint64_t*
   return true;
 }
 
-// Tagged partials (layout.hpp, kTaggedMaxTokens): a 16-byte chunk {x, y, z, w} of a partial
+// Tagged partials (layout.hpp, kTaggedPartialMaxTokens): a 16-byte chunk {x, y, z, w} of a partial
 // travels as four 8-byte words, each a 32-bit word of the chunk under the call's tag (tag_word),
 // stored as two 16-byte vectors of 8-byte elements. Each element is single-copy atomic, so a reader
 // that sees this call's tag in a word sees that word's data: every word is its own arrival flag.

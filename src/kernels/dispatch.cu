@@ -166,13 +166,6 @@ static __device__ __noinline__ void write_own(const CommParams& p, const Dispatc
         tag_word(seq, __float_as_uint(io.topk_weights[static_cast<size_t>(t) * K + lane]));
 }
 
-// Whether this object's messages travel as tagged words (layout.hpp, CommParams::tagged_words): set
-// only where every rank maps every peer, whose calls all take the small P2P variant.
-template <bool kLarge, bool kP2P>
-__device__ __forceinline__ bool tagged_messages(const CommParams& p) {
-  return !kLarge && kP2P && p.tagged_words != 0;
-}
-
 // direct_self (large calls of the fused kernel): our own tokens' slices go straight into expert_x
 // (and their recv_map rows are written here) instead of through a message to ourselves that the
 // receive half copies again; this overlaps that half of the fan-out with the link. Own tokens come
@@ -220,8 +213,6 @@ __device__ SendDone dispatch_send(const CommParams& p, const DispatchIO& io, uin
   // ourselves was measured faster (fused dispatch 20.1 us at 1 token, 22.4 with direct_self).
   // Not with the packed layout: there an expert's first row depends on the peers' counts.
   const bool direct_self = kLarge && fused && n_own >= kLargeCallTokens && !p.packed;
-  // Tagged messages: every word its own arrival flag, so no arrival counter and no release.
-  const bool tagged = tagged_messages<kLarge, kP2P>(p);
   // Lanes work in groups of G = 2^lg >= K: lane k of a group reads entry k of one token, so a warp
   // reads 32 / G tokens with one coalesced load, kHistUnroll loads in flight per lane. Shifts, not
   // divisions: 32 / G and lane % G were a division call and an inline division before the loads.
@@ -374,35 +365,13 @@ __device__ SendDone dispatch_send(const CommParams& p, const DispatchIO& io, uin
         }
       };
 
-      // Tagged words (layout.hpp): word i of the message at byte 8 i, under this call's tag.
-      auto write_slice_tagged = [&](uint8_t* msg) {
-        if (sl == 0) {
-          uint64_t* h = reinterpret_cast<uint64_t*>(msg);
-          if (lane < hdr_words) st_relaxed_sys(h + lane, tag_word(seq, static_cast<uint32_t>(hw0)));
-          if (lane + 32 < hdr_words) st_relaxed_sys(h + lane + 32, tag_word(seq, static_cast<uint32_t>(hw1)));
-          uint64_t* sc = reinterpret_cast<uint64_t*>(msg + 2 * static_cast<size_t>(p.header_bytes));
-#pragma unroll
-          for (int i = 0; i < kScaleRegs; ++i)
-            if (i * kWarpSize + lane < p.num_scales)
-              st_relaxed_sys(sc + i * kWarpSize + lane, tag_word(seq, __float_as_uint(scv[i])));
-          for (int s = kScaleRegs * kWarpSize + lane; s < p.num_scales; s += kWarpSize)  // hidden > 16384
-            st_relaxed_sys(sc + s, tag_word(seq, __float_as_uint(__ldg(src_scale + s))));
-        }
-        uint8_t* pl = msg + 2 * static_cast<size_t>(p.payload_offset);
-#pragma unroll
-        for (int q = 0; q < kUnroll; ++q) {
-          const int c = sl * kSliceChunks + q * kWarpSize + lane;
-          if (c < payload_chunks) st_tagged_chunk(pl + static_cast<size_t>(c) * 32, v[q], seq);
-        }
-      };
-
       bool staged = false;
       uint8_t* stage = sym_at<uint8_t>(p, p.off_dispatch_stage) + static_cast<size_t>(u) * p.msg_bytes;
       for (unsigned mask = dmask; mask; mask &= mask - 1) {
         const int src_lane = __ffs(mask) - 1;
         const int rd = __shfl_sync(0xffffffffu, r, src_lane);
         const int jd = __shfl_sync(0xffffffffu, j, src_lane);
-        const size_t slot_off = p.off_dispatch_recv + (static_cast<size_t>(me) * S + jd) * p.msg_stride;
+        const size_t slot_off = p.off_dispatch_recv + (static_cast<size_t>(me) * S + jd) * p.msg_bytes;
         if (direct_self && rd == me) {
           int slot = -1;  // own tokens lead every local expert's run: the slot is the rank within it
           if (lane < K && e >= 0 && r == me) {
@@ -412,12 +381,8 @@ __device__ SendDone dispatch_send(const CommParams& p, const DispatchIO& io, uin
           write_own(p, io, v[0], v[1], v[2], v[3], slot, sl, t, me * S + jd, src_scale, seq);
           if (lane == 0) atomicAdd(&sm.blk_sent[rd], 1);
         } else if (uint8_t* pb = peer_at<kP2P>(p, rd)) {
-          if (tagged && tagged_pair(1, sm.dst_total[rd])) {
-            write_slice_tagged(pb + slot_off);  // counted by nobody: the words are their own arrival
-          } else {
-            write_slice(pb + slot_off);
-            if (lane == 0) atomicAdd(&sm.blk_sent[rd], 1);
-          }
+          write_slice(pb + slot_off);
+          if (lane == 0) atomicAdd(&sm.blk_sent[rd], 1);
         } else {
           if (!staged) {
             write_slice(stage);
@@ -457,71 +422,6 @@ __device__ SendDone dispatch_send(const CommParams& p, const DispatchIO& io, uin
   done.direct_self = direct_self;
   done.sender_blocks = !kLarge && send_from_last_blocks(n_own, gridDim.x) ? n_own : 0;
   return done;
-}
-
-// The receive copy's loads of one unit of a tagged message (layout.hpp: word i at byte 8 i): its
-// payload chunks, the scales (slice 0), its lanes' (expert, rank) and, for a message's first unit,
-// the token and the weights. Every round issues them all together, until one round sees every word
-// under this call's tag; the unit then takes that round's values (no second load: see
-// wait_tagged_chunks' history in device_common.cuh). Bounded by spin_alive; false on a timeout or
-// an abort (recorded), when the unit must store nothing (its header may be garbage).
-__device__ __forceinline__ bool load_tagged_unit(const CommParams& p, const uint8_t* msg, int sl, int lane, bool unit0,
-                                                 uint64_t seq, int src, int4 (&v)[kUnroll], float (&scv)[kScaleRegs],
-                                                 int2& erk, int& tok, uint32_t& wt) {
-  const int K = p.topk, payload_chunks = p.payload_bytes / 16;
-  const uint32_t tag = static_cast<uint32_t>(seq);
-  const uint8_t* pl = msg + 2 * static_cast<size_t>(p.payload_offset);
-  const uint64_t* sc = reinterpret_cast<const uint64_t*>(msg + 2 * static_cast<size_t>(p.header_bytes));
-  const uint64_t* hdr = reinterpret_cast<const uint64_t*>(msg);
-  const uint64_t none = tag_word(seq, 0);  // a word this lane does not read counts as landed
-  const bool want_w = unit0 && p.weights_at_dispatch && lane < K;
-  uint64_t start = 0;
-  for (uint32_t spins = 0;; ++spins) {
-    TaggedChunk tv[kUnroll];
-#pragma unroll
-    for (int qq = 0; qq < kUnroll; ++qq) {
-      const int c = sl * kSliceChunks + qq * kWarpSize + lane;
-      if (c < payload_chunks) {
-        tv[qq].load(pl + static_cast<size_t>(c) * 32);
-      } else {
-        tv[qq].w[0] = tv[qq].w[1] = tv[qq].w[2] = tv[qq].w[3] = none;
-      }
-    }
-    uint64_t sw[kScaleRegs];
-#pragma unroll
-    for (int i = 0; i < kScaleRegs; ++i) {
-      const int x = i * kWarpSize + lane;
-      sw[i] = sl == 0 && x < p.num_scales ? ld_relaxed_sys(sc + x) : none;
-    }
-    uint64_t we = none, wr = none, wtok = none, ww = none;
-    if (lane < K)  // header words 4 + 2k (expert) and 5 + 2k (rank): one 16-byte load
-      asm volatile("ld.relaxed.sys.global.v2.u64 {%0, %1}, [%2];" : "=l"(we), "=l"(wr) : "l"(hdr + 4 + 2 * lane));
-    if (unit0 && lane == 0) wtok = ld_relaxed_sys(hdr);
-    if (want_w) ww = ld_relaxed_sys(hdr + 4 + 2 * K + lane);
-    bool ready = static_cast<uint32_t>(we >> 32) == tag && static_cast<uint32_t>(wr >> 32) == tag &&
-                 static_cast<uint32_t>(wtok >> 32) == tag && static_cast<uint32_t>(ww >> 32) == tag;
-#pragma unroll
-    for (int qq = 0; qq < kUnroll; ++qq) ready = ready && tv[qq].ready(seq);
-#pragma unroll
-    for (int i = 0; i < kScaleRegs; ++i) ready = ready && static_cast<uint32_t>(sw[i] >> 32) == tag;
-    if (ready) {
-#pragma unroll
-      for (int qq = 0; qq < kUnroll; ++qq) v[qq] = tv[qq].value();
-#pragma unroll
-      for (int i = 0; i < kScaleRegs; ++i) scv[i] = __uint_as_float(static_cast<uint32_t>(sw[i]));
-      erk = lane < K ? make_int2(static_cast<int>(static_cast<uint32_t>(we)), static_cast<int>(static_cast<uint32_t>(wr)))
-                     : make_int2(-1, 0);
-      tok = static_cast<int>(static_cast<uint32_t>(wtok));
-      wt = static_cast<uint32_t>(ww);
-      return true;
-    }
-    if (spins == 0) {
-      start = global_timer_ns();
-    } else if ((spins & 63) == 0 && !spin_alive(p, start, static_cast<int64_t>(we >> 32), static_cast<int64_t>(tag),
-                                                kPhaseDispatchRecv, kWaitDispatchData, src, -1, seq)) {
-      return false;
-    }
-  }
 }
 
 // sender_blocks: the grid's last blocks that ran a send half of one own token first (the fused
@@ -612,12 +512,9 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
     const int nw = gridDim.x * kWarps, cb = static_cast<int>(gridDim.x) - sender_blocks;
     if (msgs * nsd * (msgs > 0 && msgs * nsd * K <= nw ? K : 1) <= cb * kWarps) return;
   }
-  // Tagged messages carry their own arrival: the copy's loads wait for their words instead.
-  const bool tagged = tagged_messages<false, kP2P>(p);
   const uint64_t* recv_ctr = sym_at<uint64_t>(p, p.off_dispatch_recv_ctr);
   for (int s = my_src; s >= 0 && s < W; s += blockDim.x)
-    // Our own slices with direct_self are counted before this kernel ends, read by nobody.
-    if (!(direct_self && s == me) && !(tagged && tagged_pair(1, sm.nmsg[s])))
+    if (!(direct_self && s == me))  // our own slices are counted before this kernel ends, read by nobody
       ok &= wait_flag(p, recv_ctr + s, (s == my_src ? my_base : p.recv_base[s]) +
                       static_cast<uint64_t>(sm.nmsg[s]) * nsd, Cmp::kGe,
                       kPhaseDispatchRecv, kWaitDispatchData, s, -1, seq);
@@ -654,53 +551,42 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
     const int qs = kx == 1 ? q : small_div(q, p.topk_mul), kq = q - qs * kx;
     const int qm = div_by_mul(qs, nsd, p.dispatch_slices_mul), sl = qs - qm * nsd;
     const int s = source_of_message(sm.msg_off, W, qm), j = qm - sm.msg_off[s];
-    const uint8_t* msg = recv + (static_cast<size_t>(s) * S + j) * p.msg_stride;
-    const bool unit0 = sl == 0 && kq == 0;  // the message's map row and weights are this unit's
+    const uint8_t* msg = recv + (static_cast<size_t>(s) * S + j) * p.msg_bytes;
+    const int32_t* hdr = reinterpret_cast<const int32_t*>(msg);
+    // Issue the slice's loads first; the header is small and read while they are in flight.
+    const int4* pl = reinterpret_cast<const int4*>(msg + p.payload_offset);
     int4 v[kUnroll];
-    float scv[kScaleRegs];
-    int2 erk;
-    int tok = 0;
-    uint32_t wt = 0;
-    const bool tagged_unit = tagged && tagged_pair(1, sm.nmsg[s]);  // warp-uniform
-    if (tagged_unit) {
-      if (!__all_sync(0xffffffffu, load_tagged_unit(p, msg, sl, lane, unit0, seq, s, v, scv, erk, tok, wt)))
-        continue;  // recorded, and the layer fails; this unit's header may be garbage
-    } else {
-      const int32_t* hdr = reinterpret_cast<const int32_t*>(msg);
-      // Issue the slice's loads first; the header is small and read while they are in flight.
-      const int4* pl = reinterpret_cast<const int4*>(msg + p.payload_offset);
 #pragma unroll
-      for (int qq = 0; qq < kUnroll; ++qq) {
-        const int c = sl * kSliceChunks + qq * kWarpSize + lane;
-        if (c < payload_chunks) v[qq] = __ldcg(pl + c);
-      }
-      // Slice 0 carries the scales: their loads go out with the payload's.
-      const float* sc = reinterpret_cast<const float*>(msg + p.header_bytes);
-#pragma unroll
-      for (int i = 0; i < kScaleRegs; ++i) {
-        const int x = i * kWarpSize + lane;
-        scv[i] = sl == 0 && x < p.num_scales ? __ldcg(sc + x) : 0.f;
-      }
-      // Entry k's (expert, rank) as one 8-byte load, and the token index, issued with the payload's:
-      // loaded one by one, the rank's load sat behind the branch on the expert (only an entry of
-      // ours needs it) and the token's behind both, two more round trips (SASS, CUDA 13.0).
-      erk = lane < K ? __ldcg(reinterpret_cast<const int2*>(hdr + 4) + lane) : make_int2(-1, 0);
-      if (unit0 && lane == 0) tok = __ldcg(hdr);
-      if (unit0 && p.weights_at_dispatch && lane < K) wt = static_cast<uint32_t>(__ldcg(hdr + 4 + 2 * K + lane));
+    for (int qq = 0; qq < kUnroll; ++qq) {
+      const int c = sl * kSliceChunks + qq * kWarpSize + lane;
+      if (c < payload_chunks) v[qq] = __ldcg(pl + c);
     }
+    // Slice 0 carries the scales: their loads go out with the payload's.
+    const float* sc = reinterpret_cast<const float*>(msg + p.header_bytes);
+    float scv[kScaleRegs];
+#pragma unroll
+    for (int i = 0; i < kScaleRegs; ++i) {
+      const int x = i * kWarpSize + lane;
+      scv[i] = sl == 0 && x < p.num_scales ? __ldcg(sc + x) : 0.f;
+    }
+    // Entry k's (expert, rank) as one 8-byte load, and the token index, issued with the payload's:
+    // loaded one by one, the rank's load sat behind the branch on the expert (only an entry of
+    // ours needs it) and the token's behind both, two more round trips (SASS, CUDA 13.0).
     int slot = -1;
     int32_t* map = p.recv_map + (static_cast<size_t>(s) * S + j) * (K + 1);
-    if (unit0 && lane == 0) map[0] = tok;
+    const int2 erk = lane < K ? __ldcg(reinterpret_cast<const int2*>(hdr + 4) + lane) : make_int2(-1, 0);
+    if (sl == 0 && kq == 0 && lane == 0) map[0] = __ldcg(hdr);
     if (erk.x >= 0 && expert_rank(erk.x, p.rank_div) == me) {
       const int el = erk.x - me * L;
       const int pos = sm.off[s * L + el] + erk.y;
       slot = expert_row(p, el, pos, packed_first(sm, W));
     }
     EPKIT_STAGE(p, kStCopyLoaded);
-    if (unit0) {  // the map row and weights: once per message (entry 0's unit)
+    if (sl == 0 && kq == 0) {  // the map row and weights: once per message (entry 0's unit)
       if (lane < K) map[1 + lane] = slot;
       if (p.weights_at_dispatch && lane < K)  // where combine_send would otherwise receive them
-        sym_at<uint64_t>(p, p.off_weights_recv)[(static_cast<size_t>(s) * S + j) * K + lane] = tag_word(seq, wt);
+        sym_at<uint64_t>(p, p.off_weights_recv)[(static_cast<size_t>(s) * S + j) * K + lane] =
+            tag_word(seq, static_cast<uint32_t>(__ldcg(hdr + 4 + 2 * K + lane)));
     }
     if (kx != 1 && lane != kq) slot = -1;  // per entry: only this unit's row
     const unsigned mask = store_slice_to_slots(p, io, v, slot, sl, lane, payload_chunks);
@@ -711,16 +597,8 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
 #pragma unroll
         for (int i = 0; i < kScaleRegs; ++i)
           if (i * kWarpSize + lane < p.num_scales) dst[i * kWarpSize + lane] = scv[i];
-        for (int x = kScaleRegs * kWarpSize + lane; x < p.num_scales; x += kWarpSize) {  // hidden > 16384
-          if (tagged_unit) {
-            uint32_t bits = 0;  // on a timeout the error is recorded and the layer fails
-            wait_tagged(p, reinterpret_cast<const uint64_t*>(msg + 2 * static_cast<size_t>(p.header_bytes)) + x, seq,
-                        bits, kPhaseDispatchRecv, kWaitDispatchData, s);
-            dst[x] = __uint_as_float(bits);
-          } else {
-            dst[x] = __ldcg(reinterpret_cast<const float*>(msg + p.header_bytes) + x);
-          }
-        }
+        for (int x = kScaleRegs * kWarpSize + lane; x < p.num_scales; x += kWarpSize)  // hidden > 16384
+          dst[x] = __ldcg(sc + x);
       }
     }
   }

@@ -140,11 +140,9 @@ struct CommParams {
   int all_p2p;           // 1: every rank's base is P2P-mapped (no put-with-signal anywhere)
   uint32_t rank_div;     // expert_rank_div(L): e / L as one multiply (expert_rank)
   int combine_row_bytes; // stride of combine_recv's rows (SymmetricLayout::combine_row_bytes)
-  int tagged_words;      // 1: dispatch's messages and combine's partials travel as tagged words
-                         // (kTaggedMaxTokens); only set where every rank has every peer P2P-mapped,
-                         // so only the small P2P variants (which every call of such an object takes)
-                         // read it
-  int msg_stride;        // stride of dispatch_recv's slots (SymmetricLayout::dispatch_msg_stride)
+  int tagged_partials;   // 1: combine's partials travel as tagged words (kTaggedPartialMaxTokens); only
+                         // set where every rank has every peer P2P-mapped, so only the small P2P
+                         // variants (which every call of such an object takes) read it
   // The DP group arithmetic of every general kernel's first instructions, from the host: rank % D
   // and a multiply for / D (small_div). Computed in the kernels, they were two inlined divisions
   // (about 70 instructions) that every warp ran before the dispatch's first index load.
@@ -248,18 +246,6 @@ inline bool large_variant(const CommParams& p, const TokenCount& m) {
 // costs it at decode: 1.5 us per pair, docs/perf-notes/2026-12-01-general-kernels-s13.md); else
 // the small variant.
 enum class KernelVariant { kSmall, kSmallP2P, kLarge };
-
-// Tagged dispatch messages (layout.hpp, CommParams::tagged_words) go between a (source, destination)
-// pair only in calls where the source sends that destination at most this many messages; larger
-// calls keep the arrival counter. Both ends know the number (the source's count row carries it), so
-// they agree without a flag, and so does combine's advance of the counter's base (advance_layer).
-// Session 26, general kernels at W = 1: tagged, 1-4 tokens -0.0 to -0.2 us per pair event-timed,
-// -0.3 to -0.7 in the graph replay; 128 tokens +0.3 and +0.5 to +0.8 in the graph (twice the
-// bytes, read by copy units that spin while they land).
-inline constexpr int kTaggedMsgMaxMsgs = 32;
-constexpr bool tagged_pair(int tagged_words, int msgs) {
-  return tagged_words != 0 && msgs <= kTaggedMsgMaxMsgs;
-}
 inline KernelVariant kernel_variant(const CommParams& p, const TokenCount& m) {
   return large_variant(p, m) ? KernelVariant::kLarge : p.all_p2p != 0 ? KernelVariant::kSmallP2P : KernelVariant::kSmall;
 }

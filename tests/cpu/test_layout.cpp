@@ -52,7 +52,7 @@ std::vector<std::pair<size_t, size_t>> regions(const AllToAllConfig& c) {
   const SymmetricLayout s = SymmetricLayout::make(c);
   const size_t W = c.world_size, L = c.num_experts / W, K = c.experts_per_token, M = c.max_tokens_per_rank;
   const size_t S = (M + c.dp_size - 1) / c.dp_size, out = c.hidden * 2;
-  return {{s.dispatch_recv, W * S * s.dispatch_msg_stride}, {s.dispatch_stage, S * s.msg.bytes},
+  return {{s.dispatch_recv, W * S * s.msg.bytes},  {s.dispatch_stage, S * s.msg.bytes},
           {s.dispatch_counts, W * (L + 1) * 8},    {s.dispatch_count_stage, W * (L + 1) * 8},
           {s.dispatch_count_flag, W * 8},          {s.dispatch_recv_ctr, W * 8},
           {s.weights_recv, W * S * K * 8},         {s.weights_stage, S * K * 8},
@@ -61,31 +61,27 @@ std::vector<std::pair<size_t, size_t>> regions(const AllToAllConfig& c) {
           {s.barrier_flag, W * 8}};
 }
 
-// Decode objects (M <= kTaggedMaxTokens) whose every rank maps every peer give each message slot
-// and partial row room for tagged words; other objects (a rank without P2P to some peer, or the
-// portable path forced) keep single-width slots and rows and the memory they would not use.
-TEST(Layout, MessagesAndCombineRowsHoldTaggedWordsForDecodeObjects) {
+// Decode objects (M <= kTaggedPartialMaxTokens) whose every rank maps every peer give each partial
+// row room for tagged words; other objects (a rank without P2P to some peer, or the portable path
+// forced) keep single-width rows and the memory they would not use.
+TEST(Layout, CombineRowsHoldTaggedWordsForDecodeObjects) {
   AllToAllConfig c = decode_ep(8);
   const size_t out = static_cast<size_t>(c.hidden) * 2;
-  for (int M : {1, 128, kTaggedMaxTokens, kTaggedMaxTokens + 1, 4096}) {
+  for (int M : {1, 128, kTaggedPartialMaxTokens, kTaggedPartialMaxTokens + 1, 4096}) {
     c.max_tokens_per_rank = M;
     for (int p2p = 0; p2p < 2; ++p2p)
       for (DataPath path : {DataPath::kAuto, DataPath::kPortable}) {
         c.path = path;
         const SymmetricLayout s = SymmetricLayout::make(c, p2p == 1);
-        const bool tagged = p2p == 1 && path != DataPath::kPortable && M <= kTaggedMaxTokens;
+        const bool tagged = p2p == 1 && path != DataPath::kPortable && M <= kTaggedPartialMaxTokens;
         EXPECT_EQ(s.combine_row_bytes, tagged ? 2 * out : out) << "M = " << M << ", p2p " << p2p << ", " << to_string(c);
-        EXPECT_EQ(s.dispatch_msg_stride, tagged ? 2 * s.msg.bytes : s.msg.bytes) << "M = " << M << ", p2p " << p2p;
-        EXPECT_GE(s.dispatch_stage - s.dispatch_recv, static_cast<size_t>(c.world_size) * M * s.dispatch_msg_stride);
         EXPECT_GE(s.combine_stage - s.combine_recv, static_cast<size_t>(c.world_size) * M * s.combine_row_bytes);
       }
   }
-  // V3 at EP8, M = 128, over a network: the slots and rows single-width again.
+  // V3 at EP8, M = 128, over a network: the rows single-width again (36.3 MiB instead of 50.3).
   c = decode_ep(8);
-  const size_t S = c.max_tokens_per_rank;  // dp_size 1
   EXPECT_EQ(SymmetricLayout::make(c, true).total_bytes - SymmetricLayout::make(c, false).total_bytes,
-            static_cast<size_t>(c.world_size) * c.max_tokens_per_rank * out +
-                static_cast<size_t>(c.world_size) * S * MessageLayout::make(c).bytes);
+            static_cast<size_t>(c.world_size) * c.max_tokens_per_rank * out);
 }
 
 TEST(Layout, SymmetricRegionsAreAlignedDisjointAndInside) {
