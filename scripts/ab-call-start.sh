@@ -5,7 +5,10 @@
 # Sets W (LOGDIR, created) and t0, and exports EPKIT_COMMIT from .ab/commit; end the call with
 # `source scripts/ab-call-end.sh [make-test|gpu-suite]`. The call carries
 # [".deps/wheels", ".deps/googletest", ".ab"]; .ab/libs.tar.xz holds the libraries of
-# `scripts/bench-ab.sh prepare-lib`.
+# `scripts/bench-ab.sh prepare-lib`, packed here with
+#   tar cf - -C .ab lib | xz -9e -T2 > .ab/libs.tar.xz && rm -rf .ab/lib
+# (-9e: its window spans the libraries, which are alike: five 14 MB ones pack into 10 MB instead of
+# 25 at the default level, room that the 64 MiB limit on what a call carries needs).
 export NVSHMEM_DISABLE_NVLS=1 NCCL_NVLS_ENABLE=0
 unset EPKIT_TIMEOUT_MS  # the tests set their own bounds
 [ -f .ab/commit ] && export EPKIT_COMMIT=$(cat .ab/commit)
