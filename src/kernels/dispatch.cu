@@ -424,6 +424,17 @@ __device__ SendDone dispatch_send(const CommParams& p, const DispatchIO& io, uin
   return done;
 }
 
+// The receive copy's work for msgs messages of nsd slices on nw warps: entries per (message, slice)
+// unit, K when the (message, slice, entry) units fit one wave (decode), else 1.
+__device__ __forceinline__ int copy_entries(int msgs, int nsd, int K, int nw) {
+  return msgs > 0 && msgs * nsd * K <= nw ? K : 1;
+}
+// Whether the copy's units leave the grid's last sender_blocks (the fused kernel's sending blocks)
+// free: they then fit the warps of the cb = gridDim.x - sender_blocks blocks before them.
+__device__ __forceinline__ bool copy_skips_senders(int units, int sender_blocks, int cb) {
+  return sender_blocks > 0 && units <= cb * kWarps;
+}
+
 // sender_blocks: the grid's last blocks that ran a send half of one own token first (the fused
 // kernel's small calls; 0 otherwise).
 template <bool kP2P>
@@ -510,7 +521,7 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
 #pragma unroll 1
     for (int s = 0; s < W; ++s) msgs += direct_self && s == me ? 0 : sm.nmsg[s];
     const int nw = gridDim.x * kWarps, cb = static_cast<int>(gridDim.x) - sender_blocks;
-    if (msgs * nsd * (msgs > 0 && msgs * nsd * K <= nw ? K : 1) <= cb * kWarps) return;
+    if (copy_skips_senders(msgs * nsd * copy_entries(msgs, nsd, K, nw), sender_blocks, cb)) return;
   }
   const uint64_t* recv_ctr = sym_at<uint64_t>(p, p.off_dispatch_recv_ctr);
   for (int s = my_src; s >= 0 && s < W; s += blockDim.x)
@@ -538,10 +549,10 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
   // (stamps, V3 1 token: its copy loaded 0.67 us after its data wait, 5.14 us into the kernel). The
   // host sizes the grid with a block per own token beside the copy's (host::general_blocks).
   const int nw = gridDim.x * kWarps;
-  const int kx = total > 0 && total * nsd * K <= nw ? K : 1;
+  const int kx = copy_entries(total, nsd, K, nw);
   const int units = total * nsd * kx;
   const int cb = static_cast<int>(gridDim.x) - sender_blocks;  // copy blocks, when the units fit them
-  const int q0 = sender_blocks > 0 && units <= cb * kWarps
+  const int q0 = copy_skips_senders(units, sender_blocks, cb)
                      ? (static_cast<int>(blockIdx.x) < cb ? warp * cb + static_cast<int>(blockIdx.x) : units)
                  : units <= nw ? warp * gridDim.x + blockIdx.x
                                : blockIdx.x * kWarps + warp;
