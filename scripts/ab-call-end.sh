@@ -12,10 +12,7 @@ case "${1:-none}" in
     echo "make test rc=$?"
     grep -E "tests passed|tests failed|Failed|\*\*\*|Timeout|^== |passed|failed" "$W/make-test.log" | tail -n 16
     cp build-gpu/Testing/Temporary/LastTest.log "$W/" 2>/dev/null ;;
-  gpu-suite)
-    (cd build-gpu && timeout "${EPKIT_CALL_TEST_TIMEOUT:-200}" ctest -L gpu -j 8 --output-on-failure) > "$W/gpu-suite.log" 2>&1
-    echo "gpu suite rc=$?"
-    grep -E "tests passed|tests failed|Failed|\*\*\*|Timeout" "$W/gpu-suite.log" | tail -n 8 ;;
+  gpu-suite) ab_gpu_suite "${EPKIT_CALL_TEST_TIMEOUT:-200}" ;;
   none) ;;
   *) echo "ab-call-end.sh: unknown step '$1' (make-test, gpu-suite or none)" >&2 ;;
 esac

@@ -31,3 +31,18 @@ ab_libs() {
   echo "$dir rc=$? t=$(( $(date +%s) - t0 ))"
   sed -n '/median over/,$p' "$W/$dir.txt"
 }
+# ab_gpu_suite MAX: the GPU suite (ctest -L gpu) into $W/gpu-suite.log, bounded by lim MAX, its
+# summary printed (also ab-call-end.sh's gpu-suite step, there at the call's end).
+ab_gpu_suite() {
+  (cd build-gpu && timeout $(lim $1) ctest -L gpu -j 8 --output-on-failure) > "$W/gpu-suite.log" 2>&1
+  echo "gpu suite rc=$? t=$(( $(date +%s) - t0 ))"
+  grep -E "tests passed|tests failed|Failed|\*\*\*|Timeout" "$W/gpu-suite.log" | tail -n 8
+}
+# ab_stages DIR MAX "LIBS" [epkit-bench args]: one round of stamps libraries (ab_libs with
+# --stage-timers), then each library's stage means.
+ab_stages() {
+  local dir=$1 max=$2 libs=$3 l
+  shift 3
+  ab_libs "$dir" 1 "$max" "$libs" "$@" --stage-timers
+  for l in $libs; do echo "== $l"; grep -h "\[stages\].*mean" "$W/$dir/$l-1.log" | head -n 6; done
+}

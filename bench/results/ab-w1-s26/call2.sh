@@ -12,12 +12,9 @@
 # Copy to .ab/run.sh; carry [".deps/wheels", ".deps/googletest", ".ab"].
 set -u
 source scripts/ab-call-start.sh $OUT/c2
-(cd build-gpu && timeout $(lim 200) ctest -L gpu -j 8 --output-on-failure) > "$W/gpu-suite.log" 2>&1
-echo "gpu suite rc=$? t=$(( $(date +%s) - t0 ))"
-grep -E "tests passed|tests failed|Failed|\*\*\*|Timeout" "$W/gpu-suite.log" | tail -n 8
+ab_gpu_suite 200
 ARGS=(--preset decode,decode-v2lite --tokens 1,4,128 --no-baselines)
 ab_libs gen 7 170 "prev spare" "${ARGS[@]}"
 ab_libs wad 5 70 "prev" "${ARGS[@]}" --weights-at-dispatch
-ab_libs gstages 1 80 "stprev sttip stprev0 sttip0" "${ARGS[@]}" --stage-timers
-for l in stprev sttip stprev0 sttip0; do echo "== $l"; grep -h "\[stages\].*mean" $W/gstages/$l-1.log | head -n 6; done
+ab_stages gstages 80 "stprev sttip stprev0 sttip0" "${ARGS[@]}"
 source scripts/ab-call-end.sh

@@ -12,14 +12,11 @@
 # Copy to .ab/run.sh; carry [".deps/wheels", ".deps/googletest", ".ab"].
 set -u
 source scripts/ab-call-start.sh $OUT/c3
-(cd build-gpu && timeout $(lim 200) ctest -L gpu -j 8 --output-on-failure) > "$W/gpu-suite.log" 2>&1
-echo "gpu suite rc=$? t=$(( $(date +%s) - t0 ))"
-grep -E "tests passed|tests failed|Failed|\*\*\*|Timeout" "$W/gpu-suite.log" | tail -n 8
+ab_gpu_suite 200
 ARGS=(--preset decode,decode-v2lite --tokens 1,4,128 --no-baselines)
 ab_libs gen 7 160 "prev" "${ARGS[@]}"
 ab_libs wad 5 60 "prev" "${ARGS[@]}" --weights-at-dispatch
-ab_libs gstages 1 70 "stprev sttip stprev0 sttip0" "${ARGS[@]}" --stage-timers
-for l in stprev sttip stprev0 sttip0; do echo "== $l"; grep -h "\[stages\].*mean" $W/gstages/$l-1.log | head -n 6; done
+ab_stages gstages 70 "stprev sttip stprev0 sttip0" "${ARGS[@]}"
 timeout $(lim 60) scripts/gpu-session.sh $W/s comm-w1 > $W/comm-w1.txt 2>&1; echo "comm-w1 rc=$?"
 cp bench/results/h200-w1-latest.json $W/ 2>/dev/null; tail -n 30 $W/comm-w1.txt
 source scripts/ab-call-end.sh

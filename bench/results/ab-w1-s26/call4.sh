@@ -10,9 +10,7 @@
 # Copy to .ab/run.sh; carry [".deps/wheels", ".deps/googletest", ".ab"].
 set -u
 source scripts/ab-call-start.sh $OUT/c4
-(cd build-gpu && timeout $(lim 200) ctest -L gpu -j 8 --output-on-failure) > "$W/gpu-suite.log" 2>&1
-echo "gpu suite rc=$? t=$(( $(date +%s) - t0 ))"
-grep -E "tests passed|tests failed|Failed|\*\*\*|Timeout" "$W/gpu-suite.log" | tail -n 8
+ab_gpu_suite 200
 ab_libs v3 5 230 "prev" --preset decode --tokens 1,16,32,64,128 --no-baselines
 ab_libs v2 5 120 "prev" --preset decode-v2lite --tokens 4,32,64 --no-baselines
 source scripts/ab-call-end.sh

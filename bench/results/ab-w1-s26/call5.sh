@@ -11,14 +11,11 @@
 # Copy to .ab/run.sh; carry [".deps/wheels", ".deps/googletest", ".ab"].
 set -u
 source scripts/ab-call-start.sh $OUT/c5
-(cd build-gpu && timeout $(lim 180) ctest -L gpu -j 8 --output-on-failure) > "$W/gpu-suite.log" 2>&1
-echo "gpu suite rc=$? t=$(( $(date +%s) - t0 ))"
-grep -E "tests passed|tests failed|Failed|\*\*\*|Timeout" "$W/gpu-suite.log" | tail -n 8
+ab_gpu_suite 180
 ARGS=(--preset decode,decode-v2lite --tokens 1,4,128 --no-baselines)
 ab_libs gen 7 150 "base" "${ARGS[@]}"
 ab_libs wad 5 60 "base" "${ARGS[@]}" --weights-at-dispatch
-ab_libs gstages 1 50 "stbase sttip sttip0" "${ARGS[@]}" --stage-timers
-for l in stbase sttip sttip0; do echo "== $l"; grep -h "\[stages\].*mean" $W/gstages/$l-1.log | head -n 6; done
+ab_stages gstages 50 "stbase sttip sttip0" "${ARGS[@]}"
 timeout $(lim 40) scripts/gpu-session.sh $W/s comm-w1 > $W/comm-w1.txt 2>&1; echo "comm-w1 rc=$?"
 cp bench/results/h200-w1-latest.json $W/ 2>/dev/null; grep -E "epkit|nccl" $W/comm-w1.txt | grep -E " (1|128|4096)  1 " | head -n 12
 source scripts/ab-call-end.sh
