@@ -402,20 +402,23 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
       // Each warp on its own: its message index (WarpMsgIndex), then its partials. No early return
       // on an aborted layer here: every wait below is bounded and ends early on an abort by itself,
       // and the warps of a group (named barriers without tagged partials) must all go on.
-      WarpMsgIndex wi;
-      wi.load(p);
       // The dense map row of the message this warp's first unit has when the slices take groups of
-      // kMaxCombineGroup warps one wave (send_partials' mapping then), loaded beside the counts.
+      // kMaxCombineGroup warps one wave (send_partials' mapping then), loaded before the counts and
+      // with no branch before it: issued after the counts' scan, in another basic block, it went
+      // out one round trip after them (stamps, call 1). The unit is below 2^12 (small_div exact).
       DenseGuess guess;
-      const int qv = div_by_mul((warp / kMaxCombineGroup) * static_cast<int>(gridDim.x) + static_cast<int>(blockIdx.x),
-                                nsc, p.combine_slices_mul);
 #ifndef EPKIT_AB_DENSE
 #define EPKIT_AB_DENSE 1
 #endif
-      if (EPKIT_AB_DENSE && qv < W * p.max_msgs_per_src) {
-        guess.qv = qv;
-        guess.word = lane < K + kDenseMapHead ? __ldcg(dense_map_row(p, qv) + lane) : 0;
+      if constexpr (EPKIT_AB_DENSE) {
+        const int qv = small_div((warp / kMaxCombineGroup) * static_cast<int>(gridDim.x) + static_cast<int>(blockIdx.x),
+                                 p.combine_slices_mul);
+        const bool in = qv < W * p.max_msgs_per_src;
+        guess.qv = in ? qv : -1;
+        guess.word = __ldcg(dense_map_row(p, in ? qv : 0) + min(lane, K + kDenseMapHead - 1));
       }
+      WarpMsgIndex wi;
+      wi.load(p);
       EPKIT_STAGE(p, kStWeightsArrived);
       send_partials_grouped<Tin, Tout, true>(p, io, seq, sm, flags, wi.total * nsc, wi, guess);
       return;

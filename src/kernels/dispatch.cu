@@ -242,7 +242,7 @@ __device__ SendDone dispatch_send(const CommParams& p, const DispatchIO& io, uin
   // block whose release every receiver waits for (stamps, V3 1 token: that block's send half took
   // 1.7 us after the histogram, the receivers' copy started 0.5 us after its release). Block-uniform.
 #ifndef EPKIT_AB_EARLY
-#define EPKIT_AB_EARLY 1
+#define EPKIT_AB_EARLY 2
 #endif
   const bool early = EPKIT_AB_EARLY && !kLarge && send_from_last_blocks(n_own, gridDim.x) &&
                      static_cast<int>(blockIdx.x) >= static_cast<int>(gridDim.x) - n_own;
@@ -257,8 +257,8 @@ __device__ SendDone dispatch_send(const CommParams& p, const DispatchIO& io, uin
       const int c = warp * kSliceChunks + q * kWarpSize + lane;
       if (c < p.payload_bytes / 16) asm volatile("prefetch.global.L1 [%0];" ::"l"(src + c));
     }
-    if (warp == 0 && io.x_scale && lane < p.num_scales)
-      asm volatile("prefetch.global.L1 [%0];" ::"l"(io.x_scale + static_cast<size_t>(t) * p.num_scales + lane));
+    if (warp == 0 && io.x_scale && lane * kWarpSize < p.num_scales)  // a 128-byte line per lane
+      asm volatile("prefetch.global.L1 [%0];" ::"l"(io.x_scale + static_cast<size_t>(t) * p.num_scales + lane * kWarpSize));
 #else
     load_own_slice(p, io, t, warp, lane, io.x_scale ? io.x_scale + static_cast<size_t>(t) * p.num_scales : nullptr,
                    ev, esc);
@@ -308,8 +308,25 @@ __device__ SendDone dispatch_send(const CommParams& p, const DispatchIO& io, uin
     // data is still on its way; a portable one after the put's signal.
     uint64_t* dst = pb ? reinterpret_cast<uint64_t*>(pb + p.off_dispatch_counts) + static_cast<size_t>(me) * (L + 1)
                        : sym_at<uint64_t>(p, p.off_dispatch_count_stage) + static_cast<size_t>(d) * (L + 1);
+#ifndef EPKIT_AB_CNTB
+#define EPKIT_AB_CNTB 1
+#endif
+#if EPKIT_AB_CNTB
+    // Four counts per lane per pass, their shared loads before the stores: one at a time, each
+    // store's "memory" clobber held the next load behind it (V3 at W = 1: eight per lane).
+#pragma unroll 1
+    for (int el0 = lane; el0 < L; el0 += 4 * kWarpSize) {
+      int c[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) c[i] = el0 + i * kWarpSize < L ? sm.cnt_total[d * L + el0 + i * kWarpSize] : 0;
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        if (el0 + i * kWarpSize < L) st_relaxed_sys(dst + el0 + i * kWarpSize, tag_word(seq, c[i]));
+    }
+#else
 #pragma unroll 1
     for (int el = lane; el < L; el += kWarpSize) st_relaxed_sys(dst + el, tag_word(seq, sm.cnt_total[d * L + el]));
+#endif
     if (lane == 0) st_relaxed_sys(dst + L, tag_word(seq, sm.dst_total[d]));
     __syncwarp();
     if (!pb) {
