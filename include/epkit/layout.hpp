@@ -85,8 +85,7 @@ struct WorkspaceLayout {
   size_t num_msgs = 0;     // [W] int32: messages received from each source in the current call
   size_t recv_base = 0;    // [W] uint64: dispatch slices consumed from each source over all earlier calls
   size_t weights_base = 0; // [W] uint64: weight rows from each source over all calls up to the current one
-  size_t recv_map = 0;     // [W][ceil(M/D)][K + 1] int32: token index, then expert slot (el*cap+pos) or -1;
-                           // then [W * ceil(M/D)][K + 4] int32: the same rows in arrival order (dense_map_row)
+  size_t recv_map = 0;     // [W][ceil(M/D)][K + 1] int32: token index, then expert slot (el*cap+pos) or -1
   size_t peer_bases = 0;   // [W] pointers: peer address of the symmetric base, null if not P2P
   size_t hist_stride = 0;  // ints per block_hist row: E + W rounded up to 4
   size_t block_hist = 0;   // [kMaxGridBlocks][hist_stride] int32: one dispatch block's own-chunk counts

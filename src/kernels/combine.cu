@@ -84,14 +84,6 @@ struct WarpMsgIndex {
   }
 };
 
-// The dense map row (kDenseMapHead, kernel_params.hpp) of message qv, lane i holding word i: loaded
-// by the warp-index path beside the message counts for the message its first unit has when the
-// call's slices take groups of kMaxCombineGroup (decode). qv = -1: none.
-struct DenseGuess {
-  int qv = -1;
-  int32_t word = 0;
-};
-
 constexpr int kUnroll = 4;                          // 8-element chunks per lane per slice
 constexpr int kSliceChunks = kWarpSize * kUnroll;   // 1024 elements: kSliceBytes of 16-bit output
 
@@ -111,8 +103,7 @@ constexpr int kSliceChunks = kWarpSize * kUnroll;   // 1024 elements: kSliceByte
 template <int G, typename Tin, typename Tout, bool kLarge, bool kP2P, bool kWarpIdx = false>
 __device__ __forceinline__ void send_partials(const CommParams& p, const CombineIO& io, uint64_t seq,
                                               const CombineSmem& sm, PendingFlags& flags,
-                                              const WarpMsgIndex& wi = WarpMsgIndex{},
-                                              const DenseGuess& guess = DenseGuess{}) {
+                                              const WarpMsgIndex& wi = WarpMsgIndex{}) {
   static_assert(G == 1 || (!kLarge && kP2P), "warp groups: the small P2P variant only");
   static_assert(!kWarpIdx || (!kLarge && kP2P), "the warp's own message index: the small P2P variant only");
   static_assert(kUnroll % G == 0 && kWarps % G == 0, "a group's warps split the lane's chunks, within one block");
@@ -147,25 +138,9 @@ __device__ __forceinline__ void send_partials(const CommParams& p, const Combine
         s = source_of_message(sm.msg_off, W, qv), j = qv - sm.msg_off[s];
     }
     const size_t msg = static_cast<size_t>(s) * S + j;
-    // The token and slots: from the dense row loaded with the counts when it is this message's and
-    // this call's (warp-uniform), else from the recv_map row (one more round trip).
-    int t = 0, slot = -1;
-    bool guessed = false;
-    if constexpr (kWarpIdx && G == kMaxCombineGroup) {
-      if (qv == guess.qv) {
-        const int32_t tag = __shfl_sync(0xffffffffu, guess.word, 0);
-        const int gs = __shfl_sync(0xffffffffu, guess.word, 1), gj = __shfl_sync(0xffffffffu, guess.word, 2);
-        const int gt = __shfl_sync(0xffffffffu, guess.word, 3);
-        const int gslot = __shfl_sync(0xffffffffu, guess.word, (kDenseMapHead + lane) % kWarpSize);
-        guessed = tag == static_cast<int32_t>(seq) && gs == s && gj == j;
-        if (guessed) t = gt, slot = lane < K ? gslot : -1;
-      }
-    }
-    if (!guessed) {
-      const int32_t* map = p.recv_map + msg * (K + 1);
-      t = map[0];
-      slot = lane < K ? map[1 + lane] : -1;
-    }
+    const int32_t* map = p.recv_map + msg * (K + 1);
+    const int t = map[0];
+    const int slot = lane < K ? map[1 + lane] : -1;
     // The weights (tagged words) are waited for after the first rows' loads have gone out, so that
     // the rows' round trip runs beside the weights' (waited for first, the rows' loads went out only
     // once the weights had come: the spin is a volatile load and a branch, and nothing moves across
@@ -324,12 +299,10 @@ __device__ __forceinline__ void send_partials(const CommParams& p, const Combine
 template <typename Tin, typename Tout, bool kWarpIdx>
 __device__ __forceinline__ void send_partials_grouped(const CommParams& p, const CombineIO& io, uint64_t seq,
                                                       const CombineSmem& sm, PendingFlags& flags, int units,
-                                                      const WarpMsgIndex& wi = WarpMsgIndex{},
-                                                      const DenseGuess& guess = DenseGuess{}) {
-  static_assert(kMaxCombineGroup == 4, "the groups below");
+                                                      const WarpMsgIndex& wi = WarpMsgIndex{}) {
   const int G = combine_send_group(units, static_cast<int>(gridDim.x) * kWarps);
   if (G == 4) {
-    send_partials<4, Tin, Tout, false, true, kWarpIdx>(p, io, seq, sm, flags, wi, guess);
+    send_partials<4, Tin, Tout, false, true, kWarpIdx>(p, io, seq, sm, flags, wi);
   } else if (G == 2) {
     send_partials<2, Tin, Tout, false, true, kWarpIdx>(p, io, seq, sm, flags, wi);
   } else {
@@ -402,25 +375,10 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
       // Each warp on its own: its message index (WarpMsgIndex), then its partials. No early return
       // on an aborted layer here: every wait below is bounded and ends early on an abort by itself,
       // and the warps of a group (named barriers without tagged partials) must all go on.
-      // The dense map row of the message this warp's first unit has when the slices take groups of
-      // kMaxCombineGroup warps one wave (send_partials' mapping then), loaded before the counts and
-      // with no branch before it: issued after the counts' scan, in another basic block, it went
-      // out one round trip after them (stamps, call 1). The unit is below 2^12 (small_div exact).
-      DenseGuess guess;
-#ifndef EPKIT_AB_DENSE
-#define EPKIT_AB_DENSE 1
-#endif
-      if constexpr (EPKIT_AB_DENSE) {
-        const int qv = small_div((warp / kMaxCombineGroup) * static_cast<int>(gridDim.x) + static_cast<int>(blockIdx.x),
-                                 p.combine_slices_mul);
-        const bool in = qv < W * p.max_msgs_per_src;
-        guess.qv = in ? qv : -1;
-        guess.word = __ldcg(dense_map_row(p, in ? qv : 0) + min(lane, K + kDenseMapHead - 1));
-      }
       WarpMsgIndex wi;
       wi.load(p);
       EPKIT_STAGE(p, kStWeightsArrived);
-      send_partials_grouped<Tin, Tout, true>(p, io, seq, sm, flags, wi.total * nsc, wi, guess);
+      send_partials_grouped<Tin, Tout, true>(p, io, seq, sm, flags, wi.total * nsc, wi);
       return;
     }
   }

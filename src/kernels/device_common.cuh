@@ -515,13 +515,6 @@ __device__ __forceinline__ uint8_t* peer_at(const CommParams& p, int r) {
   return pb;
 }
 
-// Row q of recv_map's dense part (kDenseMapHead, kernel_params.hpp): K + kDenseMapHead words.
-__device__ __forceinline__ int32_t* dense_map_row(const CommParams& p, int q) {
-  const int K = p.topk;
-  const size_t rows = static_cast<size_t>(p.world_size) * p.max_msgs_per_src;
-  return p.recv_map + rows * (K + 1) + static_cast<size_t>(q) * (K + kDenseMapHead);
-}
-
 template <typename T>
 __device__ __forceinline__ T* sym_at(const CommParams& p, size_t off) {
   return reinterpret_cast<T*>(p.sym + off);

@@ -237,33 +237,6 @@ __device__ SendDone dispatch_send(const CommParams& p, const DispatchIO& io, uin
   };
   int base = h0 + warp * per_warp;
   if (base < h1) load_round(base);
-  // A small call's sending block (one own token, send_from_last_blocks) loads its token's slices
-  // now, warp w slice w, beside the index loads: in phase B the load was a round trip on the one
-  // block whose release every receiver waits for (stamps, V3 1 token: that block's send half took
-  // 1.7 us after the histogram, the receivers' copy started 0.5 us after its release). Block-uniform.
-#ifndef EPKIT_AB_EARLY
-#define EPKIT_AB_EARLY 2
-#endif
-  const bool early = EPKIT_AB_EARLY && !kLarge && send_from_last_blocks(n_own, gridDim.x) &&
-                     static_cast<int>(blockIdx.x) >= static_cast<int>(gridDim.x) - n_own;
-  int4 ev[kUnroll];
-  float esc[kScaleRegs];
-  if (early && warp < nsd) {
-    const int t = (static_cast<int>(blockIdx.x) - (static_cast<int>(gridDim.x) - n_own)) * D + gi;
-#if EPKIT_AB_EARLY == 2
-    const int4* src = reinterpret_cast<const int4*>(io.x + static_cast<size_t>(t) * p.payload_bytes);
-#pragma unroll
-    for (int q = 0; q < kUnroll; ++q) {
-      const int c = warp * kSliceChunks + q * kWarpSize + lane;
-      if (c < p.payload_bytes / 16) asm volatile("prefetch.global.L1 [%0];" ::"l"(src + c));
-    }
-    if (warp == 0 && io.x_scale && lane * kWarpSize < p.num_scales)  // a 128-byte line per lane
-      asm volatile("prefetch.global.L1 [%0];" ::"l"(io.x_scale + static_cast<size_t>(t) * p.num_scales + lane * kWarpSize));
-#else
-    load_own_slice(p, io, t, warp, lane, io.x_scale ? io.x_scale + static_cast<size_t>(t) * p.num_scales : nullptr,
-                   ev, esc);
-#endif
-  }
 
   for (int x = threadIdx.x; x < E; x += blockDim.x) sm.cnt_total[x] = 0, sm.run_e[x] = 0;
   for (int x = threadIdx.x; x < W; x += blockDim.x) sm.dst_total[x] = 0, sm.run_d[x] = 0, sm.blk_sent[x] = 0;
@@ -308,12 +281,8 @@ __device__ SendDone dispatch_send(const CommParams& p, const DispatchIO& io, uin
     // data is still on its way; a portable one after the put's signal.
     uint64_t* dst = pb ? reinterpret_cast<uint64_t*>(pb + p.off_dispatch_counts) + static_cast<size_t>(me) * (L + 1)
                        : sym_at<uint64_t>(p, p.off_dispatch_count_stage) + static_cast<size_t>(d) * (L + 1);
-#ifndef EPKIT_AB_CNTB
-#define EPKIT_AB_CNTB 1
-#endif
-#if EPKIT_AB_CNTB
     // Four counts per lane per pass, their shared loads before the stores: one at a time, each
-    // store's "memory" clobber held the next load behind it (V3 at W = 1: eight per lane).
+    // store's "memory" clobber held the next shared load behind it (V3 at W = 1: eight per lane).
 #pragma unroll 1
     for (int el0 = lane; el0 < L; el0 += 4 * kWarpSize) {
       int c[4];
@@ -323,10 +292,6 @@ __device__ SendDone dispatch_send(const CommParams& p, const DispatchIO& io, uin
       for (int i = 0; i < 4; ++i)
         if (el0 + i * kWarpSize < L) st_relaxed_sys(dst + el0 + i * kWarpSize, tag_word(seq, c[i]));
     }
-#else
-#pragma unroll 1
-    for (int el = lane; el < L; el += kWarpSize) st_relaxed_sys(dst + el, tag_word(seq, sm.cnt_total[d * L + el]));
-#endif
     if (lane == 0) st_relaxed_sys(dst + L, tag_word(seq, sm.dst_total[d]));
     __syncwarp();
     if (!pb) {
@@ -379,14 +344,7 @@ __device__ SendDone dispatch_send(const CommParams& p, const DispatchIO& io, uin
       int4 v[kUnroll];
       float scv[kScaleRegs];
       const float* src_scale = io.x_scale ? io.x_scale + static_cast<size_t>(t) * p.num_scales : nullptr;
-      if (EPKIT_AB_EARLY == 1 && early && w == warp) {  // one token: its first pass is slice warp, loaded at the start
-#pragma unroll
-        for (int q = 0; q < kUnroll; ++q) v[q] = ev[q];
-#pragma unroll
-        for (int i = 0; i < kScaleRegs; ++i) scv[i] = esc[i];
-      } else {
-        load_own_slice(p, io, t, sl, lane, src_scale, v, scv);
-      }
+      load_own_slice(p, io, t, sl, lane, src_scale, v, scv);
       // Slice 0 also carries the header and the scales.
       int32_t hw0 = 0, hw1 = 0;
       if (sl == 0) {
@@ -637,23 +595,15 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
     int slot = -1;
     int32_t* map = p.recv_map + (static_cast<size_t>(s) * S + j) * (K + 1);
     const int2 erk = lane < K ? __ldcg(reinterpret_cast<const int2*>(hdr + 4) + lane) : make_int2(-1, 0);
-    const int32_t map0 = sl == 0 && kq == 0 && lane == 0 ? __ldcg(hdr) : 0;
-    if (sl == 0 && kq == 0 && lane == 0) map[0] = map0;
+    if (sl == 0 && kq == 0 && lane == 0) map[0] = __ldcg(hdr);
     if (erk.x >= 0 && expert_rank(erk.x, p.rank_div) == me) {
       const int el = erk.x - me * L;
       const int pos = sm.off[s * L + el] + erk.y;
       slot = expert_row(p, el, pos, packed_first(sm, W));
     }
     EPKIT_STAGE(p, kStCopyLoaded);
-    if (sl == 0 && kq == 0) {  // the map rows and weights: once per message (entry 0's unit)
+    if (sl == 0 && kq == 0) {  // the map row and weights: once per message (entry 0's unit)
       if (lane < K) map[1 + lane] = slot;
-      // The dense row (qm: the message's place in arrival order), which combine_send's decode warps
-      // load beside the message counts. Lane 0 holds the token (its header load above).
-      int32_t* drow = dense_map_row(p, qm);
-      if (lane == 0) drow[0] = static_cast<int32_t>(seq), drow[3] = map0;
-      if (lane == 1) drow[1] = s;
-      if (lane == 2) drow[2] = j;
-      if (lane < K) drow[kDenseMapHead + lane] = slot;
       if (p.weights_at_dispatch && lane < K)  // where combine_send would otherwise receive them
         sym_at<uint64_t>(p, p.off_weights_recv)[(static_cast<size_t>(s) * S + j) * K + lane] =
             tag_word(seq, static_cast<uint32_t>(__ldcg(hdr + 4 + 2 * K + lane)));

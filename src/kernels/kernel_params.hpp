@@ -257,14 +257,6 @@ inline KernelVariant kernel_variant(const CommParams& p, const TokenCount& m) {
 // more than one wave the fewer loads in flight per warp would cost more than the rounds save. The
 // host sizes the combine grid with combine_grid_group.
 inline constexpr int kMaxCombineGroup = 4;
-
-// recv_map's second part (WorkspaceLayout::recv_map): one row per received message in arrival order
-// (source by source, as combine_send numbers them), written by dispatch_recv beside the message's
-// recv_map row: the call's tag (seq's low word), the source, the message's index there and the token,
-// then the K slots. combine_send's decode warps load the row of their unit beside the message counts
-// (one round trip), where the recv_map row needed the counts first (two). A row whose tag, source or
-// index disagrees is not used (calls whose dispatch wrote none: large calls with direct_self).
-inline constexpr int kDenseMapHead = 4;
 constexpr int combine_send_group(int64_t slices, int64_t warps) {
   return slices * kMaxCombineGroup <= warps ? kMaxCombineGroup : slices * 2 <= warps ? 2 : 1;
 }
