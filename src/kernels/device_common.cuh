@@ -395,20 +395,8 @@ __device__ __forceinline__ int read_expert(const CommParams& p, const void* idx,
 // First of the n items of block b's chunk when n items are split into nb contiguous chunks
 // (items b * n / nb ...). 32-bit: n <= kMaxTokensPerRank and b <= nb <= kMaxGridBlocks keep the
 // product inside int32; the int64 form was two division calls ahead of every dispatch's first load.
+// (chunk_begin, send_chunk_begin and the receive copy's mapping: kernel_params.hpp, CPU-tested.)
 static_assert(static_cast<int64_t>(kMaxTokensPerRank) * kMaxGridBlocks <= INT32_MAX, "chunk_begin's product");
-__device__ __forceinline__ int chunk_begin(int n, unsigned b, unsigned nb) {
-  return static_cast<int>(static_cast<unsigned>(n) * b / nb);
-}
-// The own tokens' chunks of dispatch's small send half: one token to each of the grid's last n blocks
-// when n is at most half the grid (send_from_last_blocks), else chunk_begin's even chunks. Either
-// way block b's chunk comes before block b + 1's. The blocks before the senders then take the
-// receive copy's units (dispatch_recv), which in a sending block would start only after its send
-// half. With more senders than that, the copy's units never fit the other blocks, and the last
-// blocks in a row measured 0.2 us slower than the even spread (V3 and V2-Lite at 128 tokens).
-__device__ __forceinline__ bool send_from_last_blocks(int n, unsigned nb) { return 2 * n <= static_cast<int>(nb); }
-__device__ __forceinline__ int send_chunk_begin(int n, unsigned b, unsigned nb) {
-  return send_from_last_blocks(n, nb) ? max(0, static_cast<int>(b) - (static_cast<int>(nb) - n)) : chunk_begin(n, b, nb);
-}
 
 // Tokens this rank sends from its DP group: t = u * D + i for i = rank % D.
 // own_tokens from the host's group index and multiplier (own_tokens_by_mul).

@@ -433,17 +433,6 @@ __device__ SendDone dispatch_send(const CommParams& p, const DispatchIO& io, uin
   return done;
 }
 
-// The receive copy's work for msgs messages of nsd slices on nw warps: entries per (message, slice)
-// unit, K when the (message, slice, entry) units fit one wave (decode), else 1.
-__device__ __forceinline__ int copy_entries(int msgs, int nsd, int K, int nw) {
-  return msgs > 0 && msgs * nsd * K <= nw ? K : 1;
-}
-// Whether the copy's units leave the grid's last sender_blocks (the fused kernel's sending blocks)
-// free: they then fit the warps of the cb = gridDim.x - sender_blocks blocks before them.
-__device__ __forceinline__ bool copy_skips_senders(int units, int sender_blocks, int cb) {
-  return sender_blocks > 0 && units <= cb * kWarps;
-}
-
 // sender_blocks: the grid's last blocks that ran a send half of one own token first (the fused
 // kernel's small calls; 0 otherwise).
 template <bool kP2P>
@@ -560,11 +549,7 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
   const int nw = gridDim.x * kWarps;
   const int kx = copy_entries(total, nsd, K, nw);
   const int units = total * nsd * kx;
-  const int cb = static_cast<int>(gridDim.x) - sender_blocks;  // copy blocks, when the units fit them
-  const int q0 = copy_skips_senders(units, sender_blocks, cb)
-                     ? (static_cast<int>(blockIdx.x) < cb ? warp * cb + static_cast<int>(blockIdx.x) : units)
-                 : units <= nw ? warp * gridDim.x + blockIdx.x
-                               : blockIdx.x * kWarps + warp;
+  const int q0 = copy_first_unit(units, sender_blocks, blockIdx.x, warp, gridDim.x);
   for (int q = q0; q < units; q += nw) {
     // Per entry, unit q is entry kq = q % K of (message, slice) qs = q / K, and a warp has at most
     // one unit (q < nw <= 4096: small_div is exact). Multiplies, not divisions (div_by_mul).

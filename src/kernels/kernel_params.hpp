@@ -279,6 +279,45 @@ constexpr bool local_large(const CommParams& p) { return p.max_tokens >= kLocalL
 inline constexpr int kThreadsPerBlock = 512;
 inline constexpr int kWarpsPerBlock = kThreadsPerBlock / 32;
 
+// Block mappings of the general dispatch kernel (host and device: the CPU suite checks that they
+// cover every token and unit once, tests/cpu/test_local_shape.cpp).
+//
+// First of the n items of block b's chunk when n items are split into nb contiguous chunks
+// (items b * n / nb ...). 32-bit: n <= kMaxTokensPerRank and b <= nb <= kMaxGridBlocks keep the
+// product inside int32 (device_common.cuh asserts it); the int64 form was two division calls ahead
+// of every dispatch's first load.
+constexpr int chunk_begin(int n, unsigned b, unsigned nb) { return static_cast<int>(static_cast<unsigned>(n) * b / nb); }
+// The own tokens' chunks of dispatch's small send half: one token to each of the grid's last n blocks
+// when n is at most half the grid (send_from_last_blocks), else chunk_begin's even chunks. Either
+// way block b's chunk comes before block b + 1's. The blocks before the senders then take the
+// receive copy's units (dispatch_recv), which in a sending block would start only after its send
+// half. With more senders than that, the copy's units never fit the other blocks, and the last
+// blocks in a row measured 0.2 us slower than the even spread (V3 and V2-Lite at 128 tokens).
+constexpr bool send_from_last_blocks(int n, unsigned nb) { return 2 * n <= static_cast<int>(nb); }
+constexpr int send_chunk_begin(int n, unsigned b, unsigned nb) {
+  return send_from_last_blocks(n, nb) ? (static_cast<int>(b) - (static_cast<int>(nb) - n) > 0
+                                             ? static_cast<int>(b) - (static_cast<int>(nb) - n) : 0)
+                                      : chunk_begin(n, b, nb);
+}
+// The receive copy's work for msgs messages of nsd slices on nw warps: entries per (message, slice)
+// unit, K when the (message, slice, entry) units fit one wave (decode), else 1.
+constexpr int copy_entries(int msgs, int nsd, int K, int nw) { return msgs > 0 && msgs * nsd * K <= nw ? K : 1; }
+// Whether the copy's units leave the grid's last sender_blocks (the fused kernel's sending blocks)
+// free: they then fit the warps of the cb = gridDim.x - sender_blocks blocks before them.
+constexpr bool copy_skips_senders(int units, int sender_blocks, int cb) {
+  return sender_blocks > 0 && units <= cb * kWarpsPerBlock;
+}
+// The first copy unit of warp `warp` of block b in a grid of nb blocks (then every nb * kWarpsPerBlock
+// units; >= units: none). Units spread one per block first when they fit one wave (block-uniform
+// choice), over the blocks before the senders when they fit those (copy_skips_senders).
+constexpr int copy_first_unit(int units, int sender_blocks, unsigned b, int warp, unsigned nb) {
+  const int cb = static_cast<int>(nb) - sender_blocks;
+  return copy_skips_senders(units, sender_blocks, cb)
+             ? (static_cast<int>(b) < cb ? warp * cb + static_cast<int>(b) : units)
+         : units <= static_cast<int>(nb) * kWarpsPerBlock ? warp * static_cast<int>(nb) + static_cast<int>(b)
+                                                          : static_cast<int>(b) * kWarpsPerBlock + warp;
+}
+
 // World size 1, the local kernels' shapes (local.cu; the host sizes their launches with
 // host/local_shape.hpp). Large objects place their own tokens kLocalRoundTokens at a time. Small
 // ones rank with up to kWarpsPerBlock warps of kLocalRankCounters / E shared-memory counters each,

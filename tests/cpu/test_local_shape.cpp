@@ -360,6 +360,75 @@ TEST(LocalShape, GeneralBlocksSpreadDecodeUnits) {
   EXPECT_THROW(general_blocks(1, 1, 1, 8, 4, 7, 28, 0), Error);
 }
 
+// The general dispatch's block mappings (kernel_params.hpp) on the grids general_blocks gives, as
+// dispatch_send and dispatch_recv use them: every own token sends from exactly one block, chunks in
+// block order, one token to each of the grid's last blocks when they are at most half of it; every
+// receive-copy unit goes to exactly one (block, warp, pass); when copy_skips_senders holds (which
+// is also when a sending block leaves before the data wait) no sending block has a unit; decode
+// copies fit one wave (at most one unit per warp). Message counts are drawn at random below the
+// object's bound, fresh each run.
+TEST(LocalShape, GeneralDispatchMappingsCoverEveryTokenAndUnitOnce) {
+  std::mt19937 rng(std::random_device{}());
+  const int kw = kernels::kWarpsPerBlock;
+  int skipped = 0, spread = 0;
+  for (const int W : {1, 2, 4, 8})
+    for (const int D : {1, 2})
+      for (const int M : {1, 2, 3, 4, 7, 16, 33, 64, 128, 512}) {
+        if (D > W || W % D != 0) continue;
+        const int n_own = (M + D - 1) / D;
+        for (const int K : {1, 6, 8})
+          for (const int nsd : {1, 4, 7}) {
+            const int64_t max_msgs = static_cast<int64_t>(W) * n_own;
+            const int G = general_blocks(max_msgs, M, n_own, K, nsd, 7, 28, kH200Sms).dispatch;
+            const unsigned nb = static_cast<unsigned>(G);
+            SCOPED_TRACE(::testing::Message() << "W " << W << " D " << D << " M " << M << " K " << K << " nsd " << nsd
+                                              << " grid " << G);
+            // The send half's chunks.
+            std::vector<int> owner(n_own, -1);
+            for (unsigned b = 0; b < nb; ++b) {
+              const int u0 = kernels::send_chunk_begin(n_own, b, nb), u1 = kernels::send_chunk_begin(n_own, b + 1, nb);
+              ASSERT_LE(0, u0);
+              ASSERT_LE(u0, u1);
+              ASSERT_LE(u1, n_own);
+              if (kernels::send_from_last_blocks(n_own, nb)) {
+                ASSERT_EQ(u1 - u0, static_cast<int>(b) >= G - n_own ? 1 : 0) << "block " << b;
+              }
+              for (int u = u0; u < u1; ++u) owner[u] = static_cast<int>(b);
+            }
+            for (int u = 0; u < n_own; ++u) ASSERT_GE(owner[u], 0) << "token " << u << " sent by no block";
+            ASSERT_EQ(kernels::send_chunk_begin(n_own, nb, nb), n_own);
+            const int sender_blocks = kernels::send_from_last_blocks(n_own, nb) ? n_own : 0;
+            // The receive copy, for message counts up to the object's bound.
+            const int nw = G * kw;
+            for (int rep = 0; rep < 4; ++rep) {
+              const int msgs = rep == 0 ? 1 : rep == 1 ? static_cast<int>(max_msgs)
+                                                       : static_cast<int>(rng() % (max_msgs + 1));
+              const int kx = kernels::copy_entries(msgs, nsd, K, nw);
+              const int units = msgs * nsd * kx;
+              ASSERT_TRUE(kx == 1 || (kx == K && units <= nw));
+              const bool skips = kernels::copy_skips_senders(units, sender_blocks, G - sender_blocks);
+              skipped += skips;
+              spread += !skips && units <= nw;
+              std::vector<int> seen(units, 0);
+              for (unsigned b = 0; b < nb; ++b)
+                for (int w = 0; w < kw; ++w) {
+                  int passes = 0;
+                  for (int q = kernels::copy_first_unit(units, sender_blocks, b, w, nb); q < units; q += nw) {
+                    ASSERT_GE(q, 0);
+                    ++seen[q], ++passes;
+                    if (skips) ASSERT_LT(static_cast<int>(b), G - sender_blocks) << "unit " << q << " on a sending block";
+                  }
+                  if (units <= nw) ASSERT_LE(passes, 1) << "block " << b << " warp " << w;
+                }
+              for (int q = 0; q < units; ++q) ASSERT_EQ(seen[q], 1) << "unit " << q << " of " << units;
+            }
+          }
+      }
+  // Both decode mappings were exercised: units past the senders, and one per block over the grid.
+  EXPECT_GT(skipped, 0);
+  EXPECT_GT(spread, 0);
+}
+
 TEST(LocalShape, ZeroBlocksIsAnError) {
   try {
     local_shapes(1, 8, 256, 7168, 7168, 0);
