@@ -331,6 +331,7 @@ __device__ SendDone dispatch_send(const CommParams& p, const DispatchIO& io, uin
       }
     }
     __syncthreads();
+    EPKIT_STAGE(p, kStRanksTaken);
     // Round, phase B: one warp per (token, slice) loads the slice once and stores it to every
     // destination rank of the token.
     for (int w = warp; w < nr * nsd; w += kWarps) {
@@ -408,9 +409,11 @@ __device__ SendDone dispatch_send(const CommParams& p, const DispatchIO& io, uin
         }
       }
     }
+    EPKIT_STAGE(p, kStSlicesStored);
     __syncthreads();
   }
   __syncthreads();  // also when this block had no tokens
+  EPKIT_STAGE(p, kStSendSynced);
   // One release per destination publishes everything this block stored there: the bar.sync above
   // orders the other threads' stores before it, and release semantics are cumulative, so no
   // separate system fence is needed. (The counts are tagged words and need no release.) blk_sent

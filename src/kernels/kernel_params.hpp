@@ -44,19 +44,21 @@ enum Stage : int32_t {
   kStDispatchStart = 0, kStTopkLoaded, kStHistogramDone, kStCountsWritten, kStSendDone, kStCountsArrived,
   kStOffsetsDone, kStDataArrived, kStCopyLoaded, kStDispatchDone, kStCombineStart, kStMapLoaded, kStWeightsSent,
   kStWeightsArrived, kStRowsSummed, kStPartialsSent, kStTokensSummed, kStBarrierPassed, kStDispatchExit,
-  kStCombineExit, kNumStages
+  kStCombineExit, kStRanksTaken, kStSlicesStored, kStSendSynced, kNumStages
 };
 // "copy loaded": the general receive copy's header is back (thread 0's last slice); "rows summed":
 // combine_send's expert rows of thread 0's last slice are summed, before its stores and flag;
 // "barrier passed": the general combine's tail warp (the last block's last warp) has seen every
 // peer's barrier flag; "dispatch exit" / "combine exit": the grid's last warp at the kernel's end
-// (any block).
+// (any block); "ranks taken" / "slices stored" / "send synced": the send half's phase A barrier,
+// thread 0's last slice stored, the barrier before the release (general small calls).
 inline const char* stage_name(int s) {
   static const char* n[] = {"dispatch start", "topk loaded",     "histogram done", "counts written",
                             "send done",      "counts arrived",  "offsets done",   "data arrived",
                             "copy loaded",    "dispatch done",   "combine start",  "map loaded",
                             "weights sent",   "weights arrived", "rows summed",    "partials sent",
-                            "tokens summed",  "barrier passed",  "dispatch exit",  "combine exit"};
+                            "tokens summed",  "barrier passed",  "dispatch exit",  "combine exit",
+                            "ranks taken",    "slices stored",   "send synced"};
   static_assert(sizeof(n) / sizeof(n[0]) == kNumStages, "one name per stage");
   return s >= 0 && s < kNumStages ? n[s] : "?";
 }
