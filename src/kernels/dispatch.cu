@@ -412,6 +412,9 @@ __device__ SendDone dispatch_send(const CommParams& p, const DispatchIO& io, uin
     EPKIT_STAGE(p, kStSlicesStored);
     __syncthreads();
   }
+#ifdef EPKIT_AB_NOSYNC2
+  if (u0 == u1)
+#endif
   __syncthreads();  // also when this block had no tokens
   EPKIT_STAGE(p, kStSendSynced);
   // One release per destination publishes everything this block stored there: the bar.sync above
