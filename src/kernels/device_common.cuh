@@ -344,28 +344,6 @@ __device__ __forceinline__ int32_t header_word(int wd, int t, int K, const float
   const int k = (wd - 4) / 2;
   return ((wd - 4) & 1) ? rk[base + k] : e[base + k];
 }
-// Words lane and lane + 32 of the same header from entries held in registers (lane k: entry k's
-// expert e and rank rk), for the whole warp (the shuffles run with every lane).
-__device__ __forceinline__ void header_words_of_lanes(int t, int K, const float* topk_weights, int e, int rk,
-                                                      int hdr_words, int lane, int32_t& hw0, int32_t& hw1) {
-  const int k0 = ((lane - 4) >> 1) & 31, k1 = ((lane + 28) >> 1) & 31;  // entry of word lane, lane + 32
-  const int e0 = __shfl_sync(0xffffffffu, e, k0), r0 = __shfl_sync(0xffffffffu, rk, k0);
-  const int e1 = __shfl_sync(0xffffffffu, e, k1), r1 = __shfl_sync(0xffffffffu, rk, k1);
-  const int ev[2] = {e0, e1}, rv[2] = {r0, r1};
-  int32_t out[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int wd = lane + 32 * h;
-    out[h] = wd >= hdr_words ? 0
-             : wd == 0    ? t
-             : wd < 4     ? 0
-             : wd >= 4 + 2 * K
-                 ? (topk_weights && wd - 4 - 2 * K < K
-                        ? __float_as_int(topk_weights[static_cast<size_t>(t) * K + (wd - 4 - 2 * K)]) : -1)
-                 : (((wd - 4) & 1) ? rv[h] : ev[h]);
-  }
-  hw0 = out[0], hw1 = out[1];
-}
 
 // Entry i of topk_idx as raw 32-bit words (the high word only for int64 indices), and its decoding.
 // Split so that a loop can issue all of its index loads before the first decoding branches on one:

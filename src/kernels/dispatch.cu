@@ -307,36 +307,8 @@ __device__ SendDone dispatch_send(const CommParams& p, const DispatchIO& io, uin
   const int payload_chunks = p.payload_bytes / 16;
   for (int r0 = u0; r0 < u1; r0 += kRoundTokens) {
     const int nr = min(kRoundTokens, u1 - r0);
-    // A small call's sending block with one token (send_from_last_blocks): every warp with a slice
-    // takes the token's ranks and slots itself, from the histogram's counters with plain shared
-    // loads (no other token of this block takes one after it), and keeps them in registers: no
-    // atomics and no block barrier between the histogram and the slices' stores (phase A took
-    // 0.48 us of the sender's 1.8 at V3 1 token, stamps of session 27's call 4). Block-uniform.
-    // The P2P variant only: in the portable one it took ptxas from 122 registers to 128 and 52
-    // bytes of spills.
-    const bool one = !kLarge && kP2P && nr == 1 && send_from_last_blocks(n_own, gridDim.x);
-    int oe = -1, ork = 0, oj = -1;  // one: lane k holds entry k's expert, rank and destination slot
-    if (one) {
-      if (warp < nsd || warp == 0) {
-        oe = lane < K ? sm.tok_e[lane] : -1;  // cached by the histogram
-        const unsigned below = (1u << lane) - 1u;
-        const unsigned peers = __match_any_sync(0xffffffffu, oe);  // a repeated expert ranks after its first
-        ork = oe >= 0 ? sm.run_e[oe] + __popc(peers & below) : 0;
-        const int r = oe >= 0 ? expert_rank(oe, p.rank_div) : -1;
-        const unsigned same = __match_any_sync(0xffffffffu, r);
-        const bool first = oe >= 0 && (same & below) == 0;
-        oj = first ? sm.run_d[r] : -1;
-        if (warp == 0) {
-          int32_t* slot_row = p.send_slot + static_cast<size_t>(r0) * W;
-#pragma unroll 1
-          for (int x = lane; x < W; x += kWarpSize) slot_row[x] = -1;
-          __syncwarp();
-          if (first) slot_row[r] = oj;
-        }
-      }
-    }
     // Round, phase A: one warp per token takes its ranks and destination slots.
-    for (int ui = warp; !one && ui < nr; ui += kWarps) {
+    for (int ui = warp; ui < nr; ui += kWarps) {
       const int u = r0 + ui, t = u * D + gi;
       const int e = lane >= K ? -1
                     : r0 == u0 ? sm.tok_e[ui * K + lane]  // cached by the histogram
@@ -358,14 +330,14 @@ __device__ SendDone dispatch_send(const CommParams& p, const DispatchIO& io, uin
         sm.tok_j[ui * K + lane] = j;
       }
     }
-    if (!one) __syncthreads();
+    __syncthreads();
     EPKIT_STAGE(p, kStRanksTaken);
     // Round, phase B: one warp per (token, slice) loads the slice once and stores it to every
     // destination rank of the token.
     for (int w = warp; w < nr * nsd; w += kWarps) {
       const int ui = div_by_mul(w, nsd, p.dispatch_slices_mul), sl = w - ui * nsd, u = r0 + ui, t = u * D + gi;
-      const int e = one ? oe : lane < K ? sm.tok_e[ui * K + lane] : -1;
-      const int j = one ? oj : lane < K ? sm.tok_j[ui * K + lane] : -1;
+      const int e = lane < K ? sm.tok_e[ui * K + lane] : -1;
+      const int j = lane < K ? sm.tok_j[ui * K + lane] : -1;
       const int r = e >= 0 ? expert_rank(e, p.rank_div) : -1;
       const unsigned dmask = __ballot_sync(0xffffffffu, j >= 0);
       if (dmask == 0) continue;
@@ -376,9 +348,7 @@ __device__ SendDone dispatch_send(const CommParams& p, const DispatchIO& io, uin
       load_own_slice(p, io, t, sl, lane, src_scale, v, scv);
       // Slice 0 also carries the header and the scales.
       int32_t hw0 = 0, hw1 = 0;
-      if (one) {
-        if (sl == 0) header_words_of_lanes(t, K, io.topk_weights, e, ork, hdr_words, lane, hw0, hw1);
-      } else if (sl == 0) {
+      if (sl == 0) {
         auto word = [&](int wd) {
           return header_word(wd, t, K, io.topk_weights, sm.tok_e, sm.tok_rk, ui * K);
         };
