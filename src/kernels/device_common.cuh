@@ -392,10 +392,8 @@ __device__ __forceinline__ int read_expert(const CommParams& p, const void* idx,
   return decode_expert(p, load_expert(idx, type, i), type, phase, token, seq, report);
 }
 
-// First of the n items of block b's chunk when n items are split into nb contiguous chunks
-// (items b * n / nb ...). 32-bit: n <= kMaxTokensPerRank and b <= nb <= kMaxGridBlocks keep the
-// product inside int32; the int64 form was two division calls ahead of every dispatch's first load.
-// (chunk_begin, send_chunk_begin and the receive copy's mapping: kernel_params.hpp, CPU-tested.)
+// chunk_begin (kernel_params.hpp, with send_chunk_begin and the receive copy's mapping) keeps its
+// product in 32 bits:
 static_assert(static_cast<int64_t>(kMaxTokensPerRank) * kMaxGridBlocks <= INT32_MAX, "chunk_begin's product");
 
 // Tokens this rank sends from its DP group: t = u * D + i for i = rank % D.

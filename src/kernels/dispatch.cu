@@ -432,7 +432,7 @@ __device__ SendDone dispatch_send(const CommParams& p, const DispatchIO& io, uin
   EPKIT_STAGE(p, kStSendDone);
   SendDone done;
   done.direct_self = direct_self;
-  done.sender_blocks = !kLarge && send_from_last_blocks(n_own, gridDim.x) ? n_own : 0;
+  done.sender_blocks = kLarge ? 0 : sender_blocks_of(n_own, gridDim.x);
   return done;
 }
 

@@ -301,6 +301,9 @@ constexpr int send_chunk_begin(int n, unsigned b, unsigned nb) {
                                              ? static_cast<int>(b) - (static_cast<int>(nb) - n) : 0)
                                       : chunk_begin(n, b, nb);
 }
+// The sending blocks of a small call of the fused kernel: its n own tokens, one per block, when
+// send_from_last_blocks holds; else none (the tokens spread in even chunks, no block sends alone).
+constexpr int sender_blocks_of(int n, unsigned nb) { return send_from_last_blocks(n, nb) ? n : 0; }
 // The receive copy's work for msgs messages of nsd slices on nw warps: entries per (message, slice)
 // unit, K when the (message, slice, entry) units fit one wave (decode), else 1.
 constexpr int copy_entries(int msgs, int nsd, int K, int nw) { return msgs > 0 && msgs * nsd * K <= nw ? K : 1; }

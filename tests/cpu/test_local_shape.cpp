@@ -397,7 +397,7 @@ TEST(LocalShape, GeneralDispatchMappingsCoverEveryTokenAndUnitOnce) {
             }
             for (int u = 0; u < n_own; ++u) ASSERT_GE(owner[u], 0) << "token " << u << " sent by no block";
             ASSERT_EQ(kernels::send_chunk_begin(n_own, nb, nb), n_own);
-            const int sender_blocks = kernels::send_from_last_blocks(n_own, nb) ? n_own : 0;
+            const int sender_blocks = kernels::sender_blocks_of(n_own, nb);
             // The receive copy, for message counts up to the object's bound.
             const int nw = G * kw;
             for (int rep = 0; rep < 4; ++rep) {
