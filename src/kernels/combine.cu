@@ -481,7 +481,7 @@ __device__ __forceinline__ void recv_partials(const CommParams& p, const Combine
             start = global_timer_ns();
           } else if ((spins & 63) == 0 &&
                      !spin_alive(p, start, static_cast<int64_t>(tc[0].w[0] >> 32), static_cast<int64_t>(seq & 0xffffffffull),
-                                 kPhaseCombineRecv, kWaitPartial, rr, t, seq)) {
+                                 err_where(kErrTimeout, kPhaseCombineRecv, kWaitPartial, rr), t, seq)) {
             ok = false;
             break;
           }

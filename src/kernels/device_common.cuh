@@ -174,26 +174,38 @@ __device__ __forceinline__ bool is_aborted(const CommParams& p) {
   return *reinterpret_cast<volatile int32_t*>(&p.state->aborted) != 0;
 }
 
+// An error's code, phase, wait and peer in one word (peer + 1 in the high half: world_size <= 1024).
+// The out-of-line error paths below take it so that their arguments fit the twelve parameter
+// registers of the call ABI (R4-R15): with ten separate arguments record_error's seq went on the
+// stack, which gave every small general kernel an 8-byte frame, and a frame's setup (the stack
+// pointer's constant load, then its adjustment) was the instruction every warp stalled on first
+// (session 28's ncu profile: 9.6% of the 1-token dispatch's warp samples).
+static_assert(kErrPackedRows < 16 && kPhaseCombineRecv < 16 && kWaitBlockHistogram < 256,
+              "err_where's fields: code and phase four bits, wait eight");
+__device__ __forceinline__ uint32_t err_where(int32_t code, int32_t phase, int32_t what, int32_t peer) {
+  return static_cast<uint32_t>(code) | static_cast<uint32_t>(phase) << 4 | static_cast<uint32_t>(what) << 8 |
+         static_cast<uint32_t>(peer + 1) << 16;
+}
+
 // Records the first error of this object (later ones are dropped: the first is the cause).
 // Out of line, like every cold path below: inlined, each call site put ~40 instructions (a CAS and
 // two system fences) into the middle of the hot loops, and the fetches of the hot code that jumped
 // over them dominated the small-batch kernels (instruction-cache misses, not data).
-static __device__ __noinline__ void record_error(const CommParams& p, int32_t code, int32_t phase, int32_t what,
-                                                 int32_t peer, int32_t expert, int32_t token, int64_t value,
-                                                 int64_t limit, uint64_t seq) {
+static __device__ __noinline__ void record_error(const CommParams& p, uint32_t where, int32_t expert, int32_t token,
+                                                 int64_t value, int64_t limit, uint64_t seq) {
   if (atomicCAS(&p.state->error_lock, 0, 1) != 0) return;
   ErrorRecord* e = p.err;
-  e->phase = phase;
-  e->what = what;
+  e->phase = static_cast<int32_t>(where >> 4 & 0xf);
+  e->what = static_cast<int32_t>(where >> 8 & 0xff);
   e->rank = p.rank;
-  e->peer = peer;
+  e->peer = static_cast<int32_t>(where >> 16) - 1;
   e->expert = expert;
   e->token = token;
   e->value = value;
   e->limit = limit;
   e->seq = seq;
   __threadfence_system();
-  e->code = code;
+  e->code = static_cast<int32_t>(where & 0xf);
   __threadfence_system();
 }
 
@@ -218,9 +230,9 @@ __device__ __forceinline__ bool flag_passes(uint64_t v, uint64_t target, Cmp cmp
 // one that passes once the flag is there, one that does not on timeout or abort. A tagged word's
 // caller takes its value from it, with no second load after the spin (that load was one more round
 // trip on every wait the first load missed: a decode consumer's usual case).
+// where: err_where(kErrTimeout, phase, what, peer).
 static __device__ __noinline__ uint64_t wait_flag_slow(const CommParams& p, const uint64_t* flag, uint64_t target,
-                                                       Cmp cmp, int32_t phase, int32_t what, int32_t peer,
-                                                       int32_t token, uint64_t seq) {
+                                                       Cmp cmp, uint32_t where, int32_t token, uint64_t seq) {
   const uint64_t start = global_timer_ns();
   uint32_t spins = 0;
   while (true) {
@@ -229,8 +241,7 @@ static __device__ __noinline__ uint64_t wait_flag_slow(const CommParams& p, cons
     if ((++spins & 63) == 0) {
       if (is_aborted(p)) return v;
       if (global_timer_ns() - start > p.timeout_ns) {
-        record_error(p, kErrTimeout, phase, what, peer, -1, token, static_cast<int64_t>(v),
-                     static_cast<int64_t>(target), seq);
+        record_error(p, where, -1, token, static_cast<int64_t>(v), static_cast<int64_t>(target), seq);
         atomicExch(&p.state->aborted, 1);
         __threadfence_system();
         return v;
@@ -245,7 +256,8 @@ __device__ __forceinline__ bool wait_flag(const CommParams& p, const uint64_t* f
                                           int32_t phase, int32_t what, int32_t peer, int32_t token, uint64_t seq) {
   const uint64_t v = ld_acquire_sys(flag);
   if (flag_passes(v, target, cmp)) return true;
-  return flag_passes(wait_flag_slow(p, flag, target, cmp, phase, what, peer, token, seq), target, cmp);
+  return flag_passes(wait_flag_slow(p, flag, target, cmp, err_where(kErrTimeout, phase, what, peer), token, seq),
+                     target, cmp);
 }
 
 // A tagged word: the low 32 bits of the call's seq, then a 32-bit value. A peer writes it with one
@@ -261,7 +273,7 @@ __device__ __forceinline__ bool wait_tagged(const CommParams& p, const uint64_t*
   const uint64_t tag = seq & 0xffffffffull;
   uint64_t v = ld_relaxed_sys(word);
   if ((v >> 32) != tag) {
-    v = wait_flag_slow(p, word, tag, Cmp::kTag, phase, what, peer, -1, seq);  // the word as the spin saw it
+    v = wait_flag_slow(p, word, tag, Cmp::kTag, err_where(kErrTimeout, phase, what, peer), -1, seq);  // the word as the spin saw it
     if ((v >> 32) != tag) return false;
   }
   value = static_cast<uint32_t>(v);
@@ -307,11 +319,12 @@ struct TaggedChunk {
 // n + 1 round trips after the data came where one is enough.
 // wait_flag_slow keeps its own copy of these few lines: calling this from it made ptxas spill 392 /
 // 524 bytes in the bf16 / fp16 small P2P combines, which have none (CUDA 13.0, session 26).
+// where: err_where(kErrTimeout, phase, what, peer).
 static __device__ __noinline__ bool spin_alive(const CommParams& p, uint64_t start, int64_t seen, int64_t want,
-                                               int32_t phase, int32_t what, int32_t peer, int32_t token, uint64_t seq) {
+                                               uint32_t where, int32_t token, uint64_t seq) {
   if (is_aborted(p)) return false;
   if (global_timer_ns() - start <= p.timeout_ns) return true;
-  record_error(p, kErrTimeout, phase, what, peer, -1, token, seen, want, seq);
+  record_error(p, where, -1, token, seen, want, seq);
   atomicExch(&p.state->aborted, 1);
   __threadfence_system();
   return false;
@@ -324,7 +337,7 @@ __device__ inline int resolve_num_tokens(const CommParams& p, const TokenCount& 
   int m = *reinterpret_cast<const volatile int32_t*>(tc.dev_m);
   const int limit = min(p.max_tokens, tc.rows);
   if (__builtin_expect(m < 0 || m > limit, 0)) {
-    if (report) record_error(p, kErrNumTokens, phase, kWaitNone, -1, -1, -1, m, limit, seq);
+    if (report) record_error(p, err_where(kErrNumTokens, phase, kWaitNone, -1), -1, -1, m, limit, seq);
     m = m < 0 ? 0 : limit;
   }
   return m;
@@ -380,8 +393,9 @@ __device__ __forceinline__ int decode_expert(const CommParams& p, ExpertWord x, 
                                           : static_cast<int64_t>(x.lo);
   if (v < 0) return -1;
   if (__builtin_expect(v >= p.num_experts, 0)) {
-    if (report) record_error(p, kErrExpertIndex, phase, kWaitNone, -1, static_cast<int32_t>(v > INT32_MAX ? INT32_MAX : v),
-                             token, v, p.num_experts, seq);
+    if (report)
+      record_error(p, err_where(kErrExpertIndex, phase, kWaitNone, -1),
+                   static_cast<int32_t>(v > INT32_MAX ? INT32_MAX : v), token, v, p.num_experts, seq);
     return -1;
   }
   return static_cast<int>(v);
@@ -472,8 +486,8 @@ __device__ inline void write_packed_counts(const CommParams& p, const DispatchIO
     const int n = min(tot[el], R - at);
     io.expert_num_tokens[el] = n;
     if (n < tot[el])
-      record_error(p, kErrPackedRows, phase, kWaitNone, -1, p.rank * L + el, -1, static_cast<int64_t>(first[el]) + tot[el],
-                   R, seq);
+      record_error(p, err_where(kErrPackedRows, phase, kWaitNone, -1), p.rank * L + el, -1,
+                   static_cast<int64_t>(first[el]) + tot[el], R, seq);
   }
 }
 

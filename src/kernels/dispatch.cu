@@ -497,7 +497,8 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
       packed_first(sm, W)[L + 1 + el] = acc;
     } else if (blockIdx.x == 0) {
       io.expert_num_tokens[el] = min(acc, cap);
-      if (acc > cap) record_error(p, kErrCapacity, kPhaseDispatchRecv, kWaitNone, -1, me * L + el, -1, acc, cap, seq);
+      if (acc > cap)
+        record_error(p, err_where(kErrCapacity, kPhaseDispatchRecv, kWaitNone, -1), me * L + el, -1, acc, cap, seq);
     }
   }
   if (p.packed) {  // every block needs every expert's first row (out of line: masked calls skip it)

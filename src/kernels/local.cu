@@ -125,7 +125,7 @@ __device__ __forceinline__ int local_rows(const CommParams& p) {
 // the capacity, the overflow record.
 __device__ __forceinline__ void write_masked_count(const CommParams& p, const DispatchIO& io, int e, int c, int cap) {
   io.expert_num_tokens[e] = min(c, cap);
-  if (c > cap) record_error(p, kErrCapacity, kPhaseDispatchRecv, kWaitNone, -1, e, -1, c, cap, 0);
+  if (c > cap) record_error(p, err_where(kErrCapacity, kPhaseDispatchRecv, kWaitNone, -1), e, -1, c, cap, 0);
 }
 
 // The counts (and packed offsets) from the per-expert totals in sm.cnt, and the overflow record.
