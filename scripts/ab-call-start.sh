@@ -46,3 +46,27 @@ ab_stages() {
   ab_libs "$dir" 1 "$max" "$libs" "$@" --stage-timers
   for l in $libs; do echo "== $l"; grep -h "\[stages\].*mean" "$W/$dir/$l-1.log" | head -n 6; done
 }
+# ab_ncu TAG LIBDIR MAX [ncu options] -- [epkit-bench args]: the general kernels at W = 1 under ncu
+# (LIBDIR's libepkit first on the library path, e.g. build-gpu/src or .ab/lib/NAME), the report's
+# details page and source CSVs (SASS, and CUDA + SASS: needs -lineinfo and the sources at the path
+# they were built from, /work/main) into $W, xz-compressed; the report itself is removed.
+ab_ncu() {
+  local tag=$1 lib=$2 max=$3 opts=() nvlib
+  shift 3
+  while [ $# -gt 0 ] && [ "$1" != "--" ]; do opts+=("$1"); shift; done
+  [ $# -gt 0 ] && shift
+  nvlib=$(sed -n 's|^_nvshmem_host:FILEPATH=||p' build-gpu/CMakeCache.txt)
+  [ -e /work/main ] || { mkdir -p /work && ln -s "$PWD" /work/main; }
+  EPKIT_LOCAL_KERNELS=0 LD_LIBRARY_PATH="$(realpath "$lib"):$PWD/build-gpu/src/moe${nvlib:+:$(dirname "$nvlib")}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+    timeout $(lim $max) ncu --clock-control none --cache-control none --target-processes all "${opts[@]}" \
+    -k "regex:dispatch_kernel|combine_kernel" -o "$W/prof-$tag" \
+    build-gpu/bin/epkit-run -n 1 -- build-gpu/bin/epkit-bench "$@" > "$W/ncu-$tag.log" 2>&1
+  echo "ncu $tag rc=$? t=$(( $(date +%s) - t0 ))"
+  grep -E "==PROF==|==ERROR==" "$W/ncu-$tag.log" | sort | uniq -c | head -8
+  [ -f "$W/prof-$tag.ncu-rep" ] || return 0
+  ncu -i "$W/prof-$tag.ncu-rep" --page details --print-details all > "$W/details-$tag.txt" 2>&1
+  ncu -i "$W/prof-$tag.ncu-rep" --page source --csv --print-source sass > "$W/source-sass-$tag.csv" 2>&1
+  ncu -i "$W/prof-$tag.ncu-rep" --page source --csv --print-source cuda,sass > "$W/source-cuda-sass-$tag.csv" 2>&1
+  for f in "$W/details-$tag.txt" "$W"/source-*-"$tag".csv; do [ -s "$f" ] && xz -6 -T8 "$f"; done
+  rm -f "$W/prof-$tag.ncu-rep"
+}

@@ -6,10 +6,10 @@ Input: the CSVs that `ncu -i REPORT --page source --csv --print-source sass` (SA
 build) print. Both may be xz-compressed. One section per profiled launch.
 
   ncu_stalls.py SASS.csv[.xz] [--src CUDA_SASS.csv[.xz]] --kernel NAME [--launch N]
-                [--lines 30] [--insts 40] [--min-warps W]
+                [--lines 30] [--insts 40]
 
-Prints, per launch of kernels whose name contains NAME (or only launch N, 1-based, in report
-order): the warp-instructions executed, the stall-reason totals of the warp samples, the source
+Prints, per launch of kernels whose name contains NAME (or only launch N, 1-based, counted over
+those launches; ncu prints some launches' sections twice, and the copies are dropped): the warp-instructions executed, the stall-reason totals of the warp samples, the source
 lines with the most samples, the instructions with the most samples (with their top reasons), and
 a histogram of instructions by how many warps executed them: in a kernel whose blocks mostly wait
 (decode), instructions that every warp runs are the common path and those a few warps run are the
@@ -20,7 +20,6 @@ import collections
 import csv
 import io
 import lzma
-import re
 import sys
 
 csv.field_size_limit(1 << 30)
@@ -83,13 +82,13 @@ def main():
     for name, hdr, rows in sections(a.sass):
         if a.kernel not in name:
             continue
+        key = (name, tuple(map(tuple, rows)))
+        if key in seen:  # ncu may print a launch's section twice, word for word
+            continue
+        seen.add(key)
         k += 1
         if a.launch and k != a.launch:
             continue
-        key = (name, len(rows), sum(num(r[hdr.index("Instructions Executed")]) for r in rows))
-        if key in seen and not a.launch:  # ncu may print a launch's section twice
-            continue
-        seen.add(key)
         ix = {h: i for i, h in enumerate(hdr)}
         stalls = [h for h in hdr if h.startswith("stall_") and "Not Issued" not in h]
         base = int(rows[0][ix["Address"]], 16)
