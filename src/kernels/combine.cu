@@ -301,6 +301,14 @@ __device__ __forceinline__ void send_partials_grouped(const CommParams& p, const
                                                       const CombineSmem& sm, PendingFlags& flags, int units,
                                                       const WarpMsgIndex& wi = WarpMsgIndex{}) {
   const int G = combine_send_group(units, static_cast<int>(gridDim.x) * kWarps);
+#ifdef EPKIT_AB_COMPACT  // measurement only (session 29): is code size a cost? G = 2 compiled out
+  if (G >= 2) {
+    send_partials<4, Tin, Tout, false, true, kWarpIdx>(p, io, seq, sm, flags, wi);
+  } else {
+    send_partials<1, Tin, Tout, false, true, kWarpIdx>(p, io, seq, sm, flags, wi);
+  }
+  return;
+#endif
   if (G == 4) {
     send_partials<4, Tin, Tout, false, true, kWarpIdx>(p, io, seq, sm, flags, wi);
   } else if (G == 2) {
@@ -381,6 +389,9 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
       send_partials_grouped<Tin, Tout, true>(p, io, seq, sm, flags, wi.total * nsc, wi);
       return;
     }
+#ifdef EPKIT_AB_COMPACT  // measurement only: W <= 32 assumed, the block-prefix path compiled out
+    return;
+#endif
   }
   // Portable sources: wait for the weights of every message we received from them in the matching
   // dispatch (its dispatch_recv added them to weights_base). P2P sources' weights are read below,
@@ -542,9 +553,15 @@ __device__ __forceinline__ void recv_partials(const CommParams& p, const Combine
 template <typename Tout, bool kTaggable>
 __device__ void combine_recv(const CommParams& p, const CombineIO& io, uint64_t seq) {
   const int m = resolve_num_tokens(p, io.m, kPhaseCombineRecv, seq, false);
+#ifdef EPKIT_AB_COMPACT  // measurement only: tagged partials assumed in the small P2P variant
+  if (kTaggable)
+    recv_partials<Tout, true>(p, io, seq, m);
+  else
+#else
   if (kTaggable && p.tagged_partials)
     recv_partials<Tout, true>(p, io, seq, m);
   else
+#endif
     recv_partials<Tout, false>(p, io, seq, m);
 
   EPKIT_STAGE(p, kStTokensSummed);
