@@ -301,8 +301,8 @@ __device__ __forceinline__ void send_partials_grouped(const CommParams& p, const
                                                       const CombineSmem& sm, PendingFlags& flags, int units,
                                                       const WarpMsgIndex& wi = WarpMsgIndex{}) {
   const int G = combine_send_group(units, static_cast<int>(gridDim.x) * kWarps);
-#ifdef EPKIT_AB_COMPACT  // measurement only (session 29): is code size a cost? G = 2 compiled out
-  if (G >= 2) {
+#ifdef EPKIT_AB_NOG2  // measurement only (session 29): the G = 2 copy compiled out, its calls on G = 1
+  if (G == 4) {
     send_partials<4, Tin, Tout, false, true, kWarpIdx>(p, io, seq, sm, flags, wi);
   } else {
     send_partials<1, Tin, Tout, false, true, kWarpIdx>(p, io, seq, sm, flags, wi);
@@ -321,7 +321,9 @@ __device__ __forceinline__ void send_partials_grouped(const CommParams& p, const
 // kLarge: compiled with the large-call paths (see kLargeCallTokens): messages taken
 // source-interleaved and arrival flags raised kFlagBatch slices at a time.
 // kP2P: every rank P2P-mapped (KernelVariant::kSmallP2P), the portable branches compiled out.
-template <typename Tin, typename Tout, bool kLarge, bool kP2P>
+// kDecode: the small P2P variant's decode kernel (combine_decode_kernel): at most kDecodeMaxRanks
+// ranks, so the warp-index path only.
+template <typename Tin, typename Tout, bool kLarge, bool kP2P, bool kDecode>
 __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t seq, int* smem) {
   const int W = p.world_size, K = p.topk, D = p.dp_size, S = p.max_msgs_per_src;
   const int me = p.rank, gi = p.group_index, nsc = p.combine_slices;
@@ -340,7 +342,8 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
   // and shared at the barrier before the partials: read there, its load was one more round trip
   // before the first partial. Every wait below is bounded, and ends early on an abort by itself.
   // (The warp-index path below needs none.) warp_index is block-uniform.
-  const bool warp_index = !kLarge && kP2P && W <= kWarpSize;
+  static_assert(kDecodeMaxRanks <= kWarpSize, "WarpMsgIndex: one rank per lane");
+  const bool warp_index = kDecode || (!kLarge && kP2P && W <= kWarpSize);  // a constant in the decode kernel
   const bool aborted_early = !warp_index && threadIdx.x == 0 && is_aborted(p);
   // One warp per own token, every block's second-to-last warp first (block by block), then the
   // warps below it (and the last warp, after warp 0): the partials and the token side start from
@@ -389,9 +392,6 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
       send_partials_grouped<Tin, Tout, true>(p, io, seq, sm, flags, wi.total * nsc, wi);
       return;
     }
-#ifdef EPKIT_AB_COMPACT  // measurement only: W <= 32 assumed, the block-prefix path compiled out
-    return;
-#endif
   }
   // Portable sources: wait for the weights of every message we received from them in the matching
   // dispatch (its dispatch_recv added them to weights_base). P2P sources' weights are read below,
@@ -549,19 +549,15 @@ __device__ __forceinline__ void recv_partials(const CommParams& p, const Combine
   }
 }
 
-// kTaggable: the small P2P variant, the only one an object with tagged partials runs.
-template <typename Tout, bool kTaggable>
+// kTaggable: the small P2P variant, the only one an object with tagged partials runs; kTagged: its
+// decode kernel, whose objects all have them.
+template <typename Tout, bool kTaggable, bool kTagged>
 __device__ void combine_recv(const CommParams& p, const CombineIO& io, uint64_t seq) {
+  static_assert(!kTagged || kTaggable, "tagged partials: the small P2P variant only");
   const int m = resolve_num_tokens(p, io.m, kPhaseCombineRecv, seq, false);
-#ifdef EPKIT_AB_COMPACT  // measurement only: tagged partials assumed in the small P2P variant
-  if (kTaggable)
+  if (kTagged || (kTaggable && p.tagged_partials))
     recv_partials<Tout, true>(p, io, seq, m);
   else
-#else
-  if (kTaggable && p.tagged_partials)
-    recv_partials<Tout, true>(p, io, seq, m);
-  else
-#endif
     recv_partials<Tout, false>(p, io, seq, m);
 
   EPKIT_STAGE(p, kStTokensSummed);
@@ -618,7 +614,8 @@ __device__ __forceinline__ void wait_barrier(const CommParams& p, uint64_t seq) 
 
 // __grid_constant__: the cold paths take p by reference; without it every thread keeps a stack
 // copy of it (docs/ARCHITECTURE.md, kernel code conventions).
-template <typename Tin, typename Tout, bool kLarge, bool kP2P>
+// kDecode: the small P2P variant's decode kernel (combine_decode_kernel).
+template <typename Tin, typename Tout, bool kLarge, bool kP2P, bool kDecode = false>
 __global__ void __launch_bounds__(kThreads, 1)
     combine_kernel(const __grid_constant__ CommParams p, const __grid_constant__ CombineIO io, bool do_send,
                    bool do_recv) {
@@ -631,10 +628,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (do_send) raise_barrier<kP2P>(p, seq);
     if (do_recv) advance_layer(p, seq);
   }
-  if (do_send) combine_send<Tin, Tout, kLarge, kP2P>(p, io, seq, smem);
+  static_assert(!kDecode || (!kLarge && kP2P), "the decode kernel: the small P2P variant only");
+  if (do_send) combine_send<Tin, Tout, kLarge, kP2P, kDecode>(p, io, seq, smem);
   EPKIT_STAGE(p, kStPartialsSent);
   if (do_recv) {
-    combine_recv<Tout, !kLarge && kP2P>(p, io, seq);
+    combine_recv<Tout, !kLarge && kP2P, kDecode>(p, io, seq);
     if (tail_warp) wait_barrier(p, seq);
   }
   EPKIT_STAGE_EXIT(p, kStCombineExit);
@@ -645,6 +643,7 @@ cudaError_t launch_typed(const CommParams& p, const CombineIO& io, bool s, bool 
                          cudaStream_t st) {
   const KernelVariant v = kernel_variant(p, io.m);
   auto kernel = v == KernelVariant::kLarge       ? combine_kernel<Tin, Tout, true, false>
+                : combine_decode_kernel(p, io.m) ? combine_kernel<Tin, Tout, false, true, true>
                 : v == KernelVariant::kSmallP2P ? combine_kernel<Tin, Tout, false, true>
                                                 : combine_kernel<Tin, Tout, false, false>;
   return launch_after_previous(kernel, sh, st, p, io, s, r);

@@ -252,6 +252,17 @@ inline KernelVariant kernel_variant(const CommParams& p, const TokenCount& m) {
   return large_variant(p, m) ? KernelVariant::kLarge : p.all_p2p != 0 ? KernelVariant::kSmallP2P : KernelVariant::kSmall;
 }
 
+// combine's decode kernel (combine.cu): the small P2P variant compiled for one kind of object only,
+// tagged partials (every P2P object of at most kTaggedPartialMaxTokens tokens per rank) on at most
+// kDecodeMaxRanks ranks, where each warp finds its messages by itself (WarpMsgIndex). It holds the
+// paths such a call takes and nothing else: 3,528 SASS instructions against the small P2P kernel's
+// 6,776 (its block-prefix path for more ranks and its untagged token side). Code a call never runs
+// cost the pair 0.3-0.5 us at decode (docs/perf-notes/2026-12-05-compact-combine-s29.md).
+inline constexpr int kDecodeMaxRanks = 32;  // one rank per lane of WarpMsgIndex
+inline bool combine_decode_kernel(const CommParams& p, const TokenCount& m) {
+  return kernel_variant(p, m) == KernelVariant::kSmallP2P && p.tagged_partials != 0 && p.world_size <= kDecodeMaxRanks;
+}
+
 // combine_send's small P2P variant (combine.cu): the G warps of a group share one partial slice,
 // each summing 1 / G of its chunks over 2 G rows at a time, so that a message's local experts take
 // G times fewer dependent row loads (eight 16-byte loads in flight per lane at every G). G is the

@@ -280,6 +280,32 @@ TEST(LocalShape, P2PVariantOnlyForAllP2PObjectsAndSmallCalls) {
   EXPECT_EQ(kernels::kernel_variant(p, large), KernelVariant::kLarge);
 }
 
+// combine's decode kernel: small P2P calls of objects with tagged partials on at most 32 ranks, and
+// nothing else (it has neither the block-prefix path for more ranks nor the untagged token side).
+TEST(LocalShape, CombineDecodeKernelOnlyForTaggedObjectsOfAtMost32Ranks) {
+  kernels::CommParams p{};
+  p.rank = 0, p.dp_size = 1, p.max_msgs_per_src = 4096, p.all_p2p = 1, p.tagged_partials = 1;
+  const kernels::TokenCount small{1, nullptr, 4096}, large{1024, nullptr, 4096};
+  for (int w : {1, 2, 8, 31, 32}) {
+    p.world_size = w;
+    EXPECT_TRUE(kernels::combine_decode_kernel(p, small)) << w;
+    EXPECT_FALSE(kernels::combine_decode_kernel(p, large)) << w;  // the large variant
+  }
+  for (int w : {33, 64, 72}) {  // WarpMsgIndex holds one rank per lane
+    p.world_size = w;
+    EXPECT_FALSE(kernels::combine_decode_kernel(p, small)) << w;
+  }
+  p.world_size = 8;
+  p.tagged_partials = 0;  // M > kTaggedPartialMaxTokens: untagged partials
+  EXPECT_FALSE(kernels::combine_decode_kernel(p, small));
+  p.tagged_partials = 1, p.all_p2p = 0;  // a rank reached by put-with-signal
+  EXPECT_FALSE(kernels::combine_decode_kernel(p, small));
+  p.all_p2p = 1;
+  const int32_t dev_m = 1;
+  const kernels::TokenCount on_device{-1, &dev_m, 4096};  // m on the device: the large variant
+  EXPECT_FALSE(kernels::combine_decode_kernel(p, on_device));
+}
+
 // combine_send's small P2P variant: the largest warp group (4, 2, 1 warps per slice) whose groups
 // take every slice in one wave; a call past one wave of single warps keeps one warp per slice.
 TEST(LocalShape, CombineSendGroupIsTheLargestThatFitsOneWave) {

@@ -6,5 +6,5 @@
 set -u
 source scripts/ab-call-start.sh $OUT/c3
 ab_ncu app build-gpu/src 300 --replay-mode application --section WarpStateStats --section SourceCounters \
-  --warp-sampling-interval 0 --launch-skip 30 --launch-count 4 -- --preset decode --tokens 1 --no-baselines --iters 50
+  --warp-sampling-interval 0 --launch-skip 30 --launch-count 4 -- --preset decode --tokens 1 --no-baselines --iters 200
 source scripts/ab-call-end.sh
