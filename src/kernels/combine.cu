@@ -301,14 +301,6 @@ __device__ __forceinline__ void send_partials_grouped(const CommParams& p, const
                                                       const CombineSmem& sm, PendingFlags& flags, int units,
                                                       const WarpMsgIndex& wi = WarpMsgIndex{}) {
   const int G = combine_send_group(units, static_cast<int>(gridDim.x) * kWarps);
-#ifdef EPKIT_AB_NOG2  // measurement only (session 29): the G = 2 copy compiled out, its calls on G = 1
-  if (G == 4) {
-    send_partials<4, Tin, Tout, false, true, kWarpIdx>(p, io, seq, sm, flags, wi);
-  } else {
-    send_partials<1, Tin, Tout, false, true, kWarpIdx>(p, io, seq, sm, flags, wi);
-  }
-  return;
-#endif
   if (G == 4) {
     send_partials<4, Tin, Tout, false, true, kWarpIdx>(p, io, seq, sm, flags, wi);
   } else if (G == 2) {
