@@ -19,6 +19,14 @@ constexpr int kHistUnroll = 4;    // topk loads in flight per lane in the send h
 constexpr int kScaleRegs = 4;     // scales per lane held in registers by the copies (128 per token)
 constexpr int kUnroll = 4;        // 16-byte chunks per lane per slice (kSliceBytes = 32 * 4 * 16)
 constexpr int kSliceChunks = kWarpSize * kUnroll;
+static_assert(kScaleRegs * kWarpSize == kDispatchDecodeMaxScales, "the decode kernel holds every scale in registers");
+
+// n / d by div_by_mul, or, in the decode kernel (kExact: dispatch_decode_kernel checked that every
+// such product fits), by small_div with no division fallback.
+template <bool kExact>
+__device__ __forceinline__ int unit_div(int n, int d, uint64_t mul) {
+  return kExact ? small_div(n, mul) : div_by_mul(n, d, mul);
+}
 
 // Shared memory, send half.
 struct SendSmem {
@@ -172,12 +180,14 @@ static __device__ __noinline__ void write_own(const CommParams& p, const Dispatc
 // first in every local expert's run, so their slots need no peer's counts. The arrival counter
 // still advances by the slices, so the bookkeeping is the same as when the message is sent.
 // kLarge: compiled with the large-call paths (see kLargeCallTokens); kP2P: every rank P2P-mapped
-// (KernelVariant::kSmallP2P), the portable branches compiled out.
+// (KernelVariant::kSmallP2P), the portable branches compiled out; kDecode: the small P2P variant's
+// decode kernel (dispatch_decode_kernel, kernel_params.hpp): one own token per sending block (one
+// round, no index reload), the masked layout, every scale in registers, exact unit multiplies.
 struct SendDone {
   bool direct_self = false;  // the receive half of the same kernel skips our own messages
   int sender_blocks = 0;     // small calls: the grid's last blocks, one own token each (send_chunk_begin)
 };
-template <bool kLarge, bool kP2P>
+template <bool kLarge, bool kP2P, bool kDecode>
 __device__ SendDone dispatch_send(const CommParams& p, const DispatchIO& io, uint64_t seq, int* smem, bool fused) {
   const int E = p.num_experts, W = p.world_size, L = p.num_local_experts, K = p.topk, D = p.dp_size;
   const int me = p.rank, gi = p.group_index, S = p.max_msgs_per_src, nsd = p.dispatch_slices;
@@ -305,13 +315,14 @@ __device__ SendDone dispatch_send(const CommParams& p, const DispatchIO& io, uin
   EPKIT_STAGE(p, kStCountsWritten);
   const int hdr_words = p.header_bytes / 4;
   const int payload_chunks = p.payload_bytes / 16;
-  for (int r0 = u0; r0 < u1; r0 += kRoundTokens) {
+  // The decode kernel's blocks send at most one own token each (send_from_last_blocks): one round.
+  for (int r0 = u0; r0 < u1 && (!kDecode || r0 == u0); r0 += kRoundTokens) {
     const int nr = min(kRoundTokens, u1 - r0);
     // Round, phase A: one warp per token takes its ranks and destination slots.
     for (int ui = warp; ui < nr; ui += kWarps) {
       const int u = r0 + ui, t = u * D + gi;
       const int e = lane >= K ? -1
-                    : r0 == u0 ? sm.tok_e[ui * K + lane]  // cached by the histogram
+                    : kDecode || r0 == u0 ? sm.tok_e[ui * K + lane]  // cached by the histogram
                                : read_expert(p, io.topk_idx, io.idx_type, static_cast<int64_t>(t) * K + lane,
                                              kPhaseDispatchSend, t, seq, false);
       const int rk = e >= 0 ? atomicAdd(&sm.run_e[e], 1) : 0;
@@ -335,7 +346,7 @@ __device__ SendDone dispatch_send(const CommParams& p, const DispatchIO& io, uin
     // Round, phase B: one warp per (token, slice) loads the slice once and stores it to every
     // destination rank of the token.
     for (int w = warp; w < nr * nsd; w += kWarps) {
-      const int ui = div_by_mul(w, nsd, p.dispatch_slices_mul), sl = w - ui * nsd, u = r0 + ui, t = u * D + gi;
+      const int ui = unit_div<kDecode>(w, nsd, p.dispatch_slices_mul), sl = w - ui * nsd, u = r0 + ui, t = u * D + gi;
       const int e = lane < K ? sm.tok_e[ui * K + lane] : -1;
       const int j = lane < K ? sm.tok_j[ui * K + lane] : -1;
       const int r = e >= 0 ? expert_rank(e, p.rank_div) : -1;
@@ -364,8 +375,9 @@ __device__ SendDone dispatch_send(const CommParams& p, const DispatchIO& io, uin
 #pragma unroll
           for (int i = 0; i < kScaleRegs; ++i)
             if (i * kWarpSize + lane < p.num_scales) sc[i * kWarpSize + lane] = scv[i];
-          for (int s = kScaleRegs * kWarpSize + lane; s < p.num_scales; s += kWarpSize)  // hidden > 16384
-            sc[s] = __ldg(src_scale + s);
+          if (!kDecode)
+            for (int s = kScaleRegs * kWarpSize + lane; s < p.num_scales; s += kWarpSize)  // hidden > 16384
+              sc[s] = __ldg(src_scale + s);
         }
         int4* pl = reinterpret_cast<int4*>(msg + p.payload_offset);
 #pragma unroll
@@ -438,12 +450,13 @@ __device__ SendDone dispatch_send(const CommParams& p, const DispatchIO& io, uin
 
 // sender_blocks: the grid's last blocks that ran a send half of one own token first (the fused
 // kernel's small calls; 0 otherwise).
-template <bool kP2P>
+template <bool kP2P, bool kDecode>
 __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_t seq, int* smem, bool direct_self,
                               int sender_blocks) {
   const int W = p.world_size, L = p.num_local_experts, K = p.topk, S = p.max_msgs_per_src, me = p.rank;
   const int cap = p.capacity, nsd = p.dispatch_slices;
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  const bool packed = !kDecode && p.packed;  // the decode kernel: masked layout only
   RecvSmem sm{smem, smem + W * L, smem + 2 * W * L, smem + 2 * W * L + W};
 
   const uint64_t* count_flag = sym_at<uint64_t>(p, p.off_dispatch_count_flag);
@@ -462,7 +475,7 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
   bool ok = true;
   const uint64_t* counts = sym_at<uint64_t>(p, p.off_dispatch_counts);
   for (int i = threadIdx.x; i < W * (L + 1); i += blockDim.x) {
-    const int s = div_by_mul(i, L + 1, p.counts_row_mul), el = i - s * (L + 1);
+    const int s = unit_div<kDecode>(i, L + 1, p.counts_row_mul), el = i - s * (L + 1);
     uint32_t v = 0;
     if (peer_at<kP2P>(p, s) == nullptr)
       ok = ok && wait_flag(p, count_flag + s, seq, Cmp::kEq, kPhaseDispatchRecv, kWaitDispatchCounts, s, -1, seq);
@@ -493,7 +506,7 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
       sm.off[s * L + el] = acc;
       acc += sm.cnt[s * L + el];
     }
-    if (p.packed) {
+    if (packed) {
       packed_first(sm, W)[L + 1 + el] = acc;
     } else if (blockIdx.x == 0) {
       io.expert_num_tokens[el] = min(acc, cap);
@@ -501,7 +514,7 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
         record_error(p, err_where(kErrCapacity, kPhaseDispatchRecv, kWaitNone, -1), me * L + el, -1, acc, cap, seq);
     }
   }
-  if (p.packed) {  // every block needs every expert's first row (out of line: masked calls skip it)
+  if (packed) {  // every block needs every expert's first row (out of line: masked calls skip it)
     __syncthreads();
     int* first = packed_first(sm, W);
     int* tot = first + L + 1;
@@ -558,7 +571,7 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
     // Per entry, unit q is entry kq = q % K of (message, slice) qs = q / K, and a warp has at most
     // one unit (q < nw <= 4096: small_div is exact). Multiplies, not divisions (div_by_mul).
     const int qs = kx == 1 ? q : small_div(q, p.topk_mul), kq = q - qs * kx;
-    const int qm = div_by_mul(qs, nsd, p.dispatch_slices_mul), sl = qs - qm * nsd;
+    const int qm = unit_div<kDecode>(qs, nsd, p.dispatch_slices_mul), sl = qs - qm * nsd;
     const int s = source_of_message(sm.msg_off, W, qm), j = qm - sm.msg_off[s];
     const uint8_t* msg = recv + (static_cast<size_t>(s) * S + j) * p.msg_bytes;
     const int32_t* hdr = reinterpret_cast<const int32_t*>(msg);
@@ -588,7 +601,7 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
     if (erk.x >= 0 && expert_rank(erk.x, p.rank_div) == me) {
       const int el = erk.x - me * L;
       const int pos = sm.off[s * L + el] + erk.y;
-      slot = expert_row(p, el, pos, packed_first(sm, W));
+      slot = kDecode ? (pos < cap ? el * cap + pos : -1) : expert_row(p, el, pos, packed_first(sm, W));
     }
     EPKIT_STAGE(p, kStCopyLoaded);
     if (sl == 0 && kq == 0) {  // the map row and weights: once per message (entry 0's unit)
@@ -606,8 +619,9 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
 #pragma unroll
         for (int i = 0; i < kScaleRegs; ++i)
           if (i * kWarpSize + lane < p.num_scales) dst[i * kWarpSize + lane] = scv[i];
-        for (int x = kScaleRegs * kWarpSize + lane; x < p.num_scales; x += kWarpSize)  // hidden > 16384
-          dst[x] = __ldcg(sc + x);
+        if (!kDecode)
+          for (int x = kScaleRegs * kWarpSize + lane; x < p.num_scales; x += kWarpSize)  // hidden > 16384
+            dst[x] = __ldcg(sc + x);
       }
     }
   }
@@ -615,7 +629,7 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
 
 // __grid_constant__: the cold paths take p by reference; without it every thread keeps a stack
 // copy of it (docs/ARCHITECTURE.md, kernel code conventions).
-template <bool kLarge, bool kP2P>
+template <bool kLarge, bool kP2P, bool kDecode = false>
 __global__ void __launch_bounds__(kThreads, 1)
     dispatch_kernel(const __grid_constant__ CommParams p, const __grid_constant__ DispatchIO io, bool do_send,
                     bool do_recv) {
@@ -623,9 +637,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   wait_previous_kernel();
   const uint64_t seq = *reinterpret_cast<volatile uint64_t*>(&p.state->seq);  // not waited for until used
   SendDone sent;
-  if (do_send) sent = dispatch_send<kLarge, kP2P>(p, io, seq, smem, do_recv);
+  static_assert(!kDecode || (!kLarge && kP2P), "the decode kernel: the small P2P variant only");
+  if (do_send) sent = dispatch_send<kLarge, kP2P, kDecode>(p, io, seq, smem, do_recv);
   if (do_send && do_recv) __syncthreads();
-  if (do_recv) dispatch_recv<kP2P>(p, io, seq, smem, sent.direct_self, sent.sender_blocks);
+  if (do_recv) dispatch_recv<kP2P, kDecode>(p, io, seq, smem, sent.direct_self, sent.sender_blocks);
   EPKIT_STAGE(p, kStDispatchDone);
   EPKIT_STAGE_EXIT(p, kStDispatchExit);
 }
@@ -643,8 +658,9 @@ size_t dispatch_smem_bytes(int world_size, int num_experts, int topk) {
 cudaError_t launch_dispatch(const CommParams& p, const DispatchIO& io, bool do_send, bool do_recv,
                             const LaunchShape& shape, cudaStream_t stream) {
   const KernelVariant v = kernel_variant(p, io.m);
-  auto kernel = v == KernelVariant::kLarge       ? dispatch_kernel<true, false>
-                : v == KernelVariant::kSmallP2P ? dispatch_kernel<false, true>
+  auto kernel = v == KernelVariant::kLarge                  ? dispatch_kernel<true, false>
+                : dispatch_decode_kernel(p, io.m, shape.blocks) ? dispatch_kernel<false, true, true>
+                : v == KernelVariant::kSmallP2P            ? dispatch_kernel<false, true>
                                                 : dispatch_kernel<false, false>;
   return launch_after_previous(kernel, shape, stream, p, io, do_send, do_recv);
 }

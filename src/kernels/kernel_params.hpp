@@ -316,6 +316,26 @@ constexpr int send_chunk_begin(int n, unsigned b, unsigned nb) {
 // The sending blocks of a small call of the fused kernel: its n own tokens, one per block, when
 // send_from_last_blocks holds; else none (the tokens spread in even chunks, no block sends alone).
 constexpr int sender_blocks_of(int n, unsigned nb) { return send_from_last_blocks(n, nb) ? n : 0; }
+
+// dispatch's decode kernel (dispatch.cu): the small P2P variant compiled for calls whose own tokens
+// send one per block from the grid's last blocks (send_from_last_blocks on the launch's grid, for the
+// largest m the call may have: the host's, or the rows a device m is clamped to), so that the send
+// half runs one round and reads every index from the histogram's copy; on the masked layout; with
+// at most kDispatchDecodeMaxScales scales per token (hidden <= 16384 with 128-wide FP8 blocks),
+// which the copies hold in registers; and where every unit index times its divisor fits small_div
+// (the receive copy's (message, slice) units, the count matrix's rows), so no division fallback is
+// compiled. The receive half's conditions are the object's, the same on every rank.
+inline constexpr int kDispatchDecodeMaxScales = 128;
+inline bool dispatch_decode_kernel(const CommParams& p, const TokenCount& m, int blocks) {
+  if (kernel_variant(p, m) != KernelVariant::kSmallP2P || p.packed != 0 || p.num_scales > kDispatchDecodeMaxScales)
+    return false;
+  constexpr uint64_t kSmallDivRange = uint64_t{1} << 32;
+  const uint64_t W = static_cast<uint64_t>(p.world_size), S = static_cast<uint64_t>(p.max_msgs_per_src);
+  const uint64_t nsd = static_cast<uint64_t>(p.dispatch_slices), L1 = static_cast<uint64_t>(p.num_local_experts) + 1;
+  if (W * S * nsd * nsd > kSmallDivRange || W * L1 * L1 > kSmallDivRange) return false;
+  const int m_max = m.dev_m != nullptr ? m.rows : m.host_m;
+  return blocks > 0 && send_from_last_blocks(own_tokens(m_max, p.rank, p.dp_size), static_cast<unsigned>(blocks));
+}
 // The receive copy's work for msgs messages of nsd slices on nw warps: entries per (message, slice)
 // unit, K when the (message, slice, entry) units fit one wave (decode), else 1.
 constexpr int copy_entries(int msgs, int nsd, int K, int nw) { return msgs > 0 && msgs * nsd * K <= nw ? K : 1; }

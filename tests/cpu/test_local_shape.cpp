@@ -306,6 +306,46 @@ TEST(LocalShape, CombineDecodeKernelOnlyForTaggedObjectsOfAtMost32Ranks) {
   EXPECT_FALSE(kernels::combine_decode_kernel(p, on_device));
 }
 
+// dispatch's decode kernel: small P2P calls whose own tokens send one per block from the grid's last
+// blocks (one round), on the masked layout, with every scale in registers and exact unit multiplies.
+TEST(LocalShape, DispatchDecodeKernelOnlyForOneTokenPerSendingBlock) {
+  kernels::CommParams p{};
+  p.rank = 0, p.dp_size = 1, p.world_size = 8, p.max_msgs_per_src = 4096, p.all_p2p = 1;
+  p.num_local_experts = 32, p.dispatch_slices = 4, p.num_scales = 56;  // V3 over 8 ranks, FP8
+  const int blocks = 40;
+  for (int m : {0, 1, 4, 19, 20}) {  // 2 m <= blocks: the last m blocks send one token each
+    EXPECT_TRUE(kernels::dispatch_decode_kernel(p, kernels::TokenCount{m, nullptr, 4096}, blocks)) << m;
+    for (int b = 0; b < blocks; ++b)
+      EXPECT_LE(kernels::send_chunk_begin(m, b + 1, blocks) - kernels::send_chunk_begin(m, b, blocks), 1) << m << " " << b;
+  }
+  for (int m : {21, 64, 128, 1023})  // even chunks: a block may send a round of several tokens
+    EXPECT_FALSE(kernels::dispatch_decode_kernel(p, kernels::TokenCount{m, nullptr, 4096}, blocks)) << m;
+  EXPECT_FALSE(kernels::dispatch_decode_kernel(p, kernels::TokenCount{1, nullptr, 4096}, 0));
+  // A device m is bounded by the rows it is clamped to (the small variant: no large-call object).
+  const int32_t dev_m = 1;
+  p.max_msgs_per_src = 512;
+  EXPECT_TRUE(kernels::dispatch_decode_kernel(p, kernels::TokenCount{-1, &dev_m, 20}, blocks));
+  EXPECT_FALSE(kernels::dispatch_decode_kernel(p, kernels::TokenCount{-1, &dev_m, 21}, blocks));
+  // DP groups: a rank sends ceil((m - rank % D) / D) of the group's m.
+  p.dp_size = 4, p.rank = 1;
+  EXPECT_TRUE(kernels::dispatch_decode_kernel(p, kernels::TokenCount{80, nullptr, 4096}, blocks));   // 20 own
+  EXPECT_FALSE(kernels::dispatch_decode_kernel(p, kernels::TokenCount{85, nullptr, 4096}, blocks));  // 21 own
+  p.dp_size = 1, p.rank = 0;
+  const kernels::TokenCount one{1, nullptr, 4096};
+  p.packed = 1;  // the packed layout: expert rows from the peers' counts
+  EXPECT_FALSE(kernels::dispatch_decode_kernel(p, one, blocks));
+  p.packed = 0, p.num_scales = kernels::kDispatchDecodeMaxScales + 1;  // hidden > 16384: scales past the registers
+  EXPECT_FALSE(kernels::dispatch_decode_kernel(p, one, blocks));
+  p.num_scales = kernels::kDispatchDecodeMaxScales;
+  EXPECT_TRUE(kernels::dispatch_decode_kernel(p, one, blocks));
+  p.all_p2p = 0;  // a rank reached by put-with-signal: the portable small variant
+  EXPECT_FALSE(kernels::dispatch_decode_kernel(p, one, blocks));
+  p.all_p2p = 1, p.world_size = 1024, p.max_msgs_per_src = 4096, p.dispatch_slices = 64;  // 2^28 units x 64 > 2^32
+  EXPECT_FALSE(kernels::dispatch_decode_kernel(p, one, blocks));
+  p.dispatch_slices = 1;
+  EXPECT_TRUE(kernels::dispatch_decode_kernel(p, one, blocks));
+}
+
 // combine_send's small P2P variant: the largest warp group (4, 2, 1 warps per slice) whose groups
 // take every slice in one wave; a call past one wave of single warps keeps one warp per slice.
 TEST(LocalShape, CombineSendGroupIsTheLargestThatFitsOneWave) {
