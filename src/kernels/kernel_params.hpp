@@ -258,7 +258,7 @@ inline KernelVariant kernel_variant(const CommParams& p, const TokenCount& m) {
 // paths such a call takes and nothing else: 3,520 SASS instructions against the small P2P kernel's
 // 6,776 (its block-prefix path for more ranks and its untagged token side). Code a call never runs
 // cost the pair 0.3-0.6 us at 1-4 tokens, and the 128-token graph 0.5-0.9 us (one H100, same-call
-// A/B; docs/perf-notes/2026-12-05-compact-combine-s29.md).
+// A/B; on one H200 the pair within its spread, graph -0.2 to -0.5: docs/perf-notes/2026-12-05-decode-kernels-s30.md).
 inline constexpr int kDecodeMaxRanks = 32;  // one rank per lane of WarpMsgIndex
 inline bool combine_decode_kernel(const CommParams& p, const TokenCount& m) {
   return kernel_variant(p, m) == KernelVariant::kSmallP2P && p.tagged_partials != 0 && p.world_size <= kDecodeMaxRanks;
@@ -324,7 +324,8 @@ constexpr int sender_blocks_of(int n, unsigned nb) { return send_from_last_block
 // at most kDispatchDecodeMaxScales scales per token (hidden <= 16384 with 128-wide FP8 blocks),
 // which the copies hold in registers; and where every unit index times its divisor fits small_div
 // (the receive copy's (message, slice) units, the count matrix's rows), so no division fallback is
-// compiled. The receive half's conditions are the object's, the same on every rank.
+// compiled. The receive half's conditions are the object's, the same on every rank. 2,752 -> 2,456
+// SASS instructions; dispatch -0.4 us at 1-4 tokens on one H200 (docs/perf-notes/2026-12-05-decode-kernels-s30.md).
 inline constexpr int kDispatchDecodeMaxScales = 128;
 inline bool dispatch_decode_kernel(const CommParams& p, const TokenCount& m, int blocks) {
   if (kernel_variant(p, m) != KernelVariant::kSmallP2P || p.packed != 0 || p.num_scales > kDispatchDecodeMaxScales)
