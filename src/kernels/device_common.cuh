@@ -465,13 +465,17 @@ __device__ void block_aligned_prefix(int n, int align, Count count, int* first, 
 // Row of expert_x (and expert_y) that holds position `pos` of local expert el, or -1 when it lies
 // past the layout's room (masked: pos >= capacity; packed: row >= R). `first`: the packed layout's
 // first rows from block_aligned_prefix (unused when masked). pos < count(el), so a packed row never
-// reaches the next expert's first row.
-__device__ __forceinline__ int expert_row(const CommParams& p, int el, int pos, const int* first) {
-  if (p.packed) {
+// reaches the next expert's first row. `packed`: the layout, where a kernel knows it at compile time
+// (dispatch's decode kernel: masked), else p.packed.
+__device__ __forceinline__ int expert_row(const CommParams& p, bool packed, int el, int pos, const int* first) {
+  if (packed) {
     const int row = first[el] + pos;
     return row < p.packed_rows ? row : -1;
   }
   return pos < p.capacity ? el * p.capacity + pos : -1;
+}
+__device__ __forceinline__ int expert_row(const CommParams& p, int el, int pos, const int* first) {
+  return expert_row(p, p.packed != 0, el, pos, first);
 }
 
 // Packed layout, one block: expert_offsets[el] = min(first[el], R) for el <= L, expert_num_tokens

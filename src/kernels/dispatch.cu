@@ -601,7 +601,7 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
     if (erk.x >= 0 && expert_rank(erk.x, p.rank_div) == me) {
       const int el = erk.x - me * L;
       const int pos = sm.off[s * L + el] + erk.y;
-      slot = kDecode ? (pos < cap ? el * cap + pos : -1) : expert_row(p, el, pos, packed_first(sm, W));
+      slot = expert_row(p, !kDecode && p.packed, el, pos, packed_first(sm, W));  // p.packed read here: the kernel-wide bool grew the small P2P kernel by 8 instructions
     }
     EPKIT_STAGE(p, kStCopyLoaded);
     if (sl == 0 && kq == 0) {  // the map row and weights: once per message (entry 0's unit)

@@ -324,8 +324,8 @@ constexpr int sender_blocks_of(int n, unsigned nb) { return send_from_last_block
 // at most kDispatchDecodeMaxScales scales per token (hidden <= 16384 with 128-wide FP8 blocks),
 // which the copies hold in registers; and where every unit index times its divisor fits small_div
 // (the receive copy's (message, slice) units, the count matrix's rows), so no division fallback is
-// compiled. The receive half's conditions are the object's, the same on every rank. 2,752 -> 2,456
-// SASS instructions; dispatch -0.4 us at 1-4 tokens on one H200 (docs/perf-notes/2026-12-05-decode-kernels-s30.md).
+// compiled. The receive half's conditions are the object's, the same on every rank. 2,752 -> 2,448
+// SASS instructions (2,456 in the build measured); dispatch -0.4 us at 1-4 tokens on one H200 (docs/perf-notes/2026-12-05-decode-kernels-s30.md).
 inline constexpr int kDispatchDecodeMaxScales = 128;
 inline bool dispatch_decode_kernel(const CommParams& p, const TokenCount& m, int blocks) {
   if (kernel_variant(p, m) != KernelVariant::kSmallP2P || p.packed != 0 || p.num_scales > kDispatchDecodeMaxScales)
