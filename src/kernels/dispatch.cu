@@ -180,14 +180,13 @@ static __device__ __noinline__ void write_own(const CommParams& p, const Dispatc
 // first in every local expert's run, so their slots need no peer's counts. The arrival counter
 // still advances by the slices, so the bookkeeping is the same as when the message is sent.
 // kLarge: compiled with the large-call paths (see kLargeCallTokens); kP2P: every rank P2P-mapped
-// (KernelVariant::kSmallP2P), the portable branches compiled out; kDecode: the small P2P variant's
-// decode kernel (dispatch_decode_kernel, kernel_params.hpp): one own token per sending block (one
-// round, no index reload), the masked layout, every scale in registers, exact unit multiplies.
+// (KernelVariant::kSmallP2P), the portable branches compiled out. The decode kernel
+// (dispatch_decode_kernel, kernel_params.hpp) has its own send half, dispatch_send_decode below.
 struct SendDone {
   bool direct_self = false;  // the receive half of the same kernel skips our own messages
   int sender_blocks = 0;     // small calls: the grid's last blocks, one own token each (send_chunk_begin)
 };
-template <bool kLarge, bool kP2P, bool kDecode>
+template <bool kLarge, bool kP2P>
 __device__ SendDone dispatch_send(const CommParams& p, const DispatchIO& io, uint64_t seq, int* smem, bool fused) {
   const int E = p.num_experts, W = p.world_size, L = p.num_local_experts, K = p.topk, D = p.dp_size;
   const int me = p.rank, gi = p.group_index, S = p.max_msgs_per_src, nsd = p.dispatch_slices;
@@ -316,13 +315,13 @@ __device__ SendDone dispatch_send(const CommParams& p, const DispatchIO& io, uin
   const int hdr_words = p.header_bytes / 4;
   const int payload_chunks = p.payload_bytes / 16;
   // The decode kernel's blocks send at most one own token each (send_from_last_blocks): one round.
-  for (int r0 = u0; r0 < u1 && (!kDecode || r0 == u0); r0 += kRoundTokens) {
+  for (int r0 = u0; r0 < u1; r0 += kRoundTokens) {
     const int nr = min(kRoundTokens, u1 - r0);
     // Round, phase A: one warp per token takes its ranks and destination slots.
     for (int ui = warp; ui < nr; ui += kWarps) {
       const int u = r0 + ui, t = u * D + gi;
       const int e = lane >= K ? -1
-                    : kDecode || r0 == u0 ? sm.tok_e[ui * K + lane]  // cached by the histogram
+                    : r0 == u0 ? sm.tok_e[ui * K + lane]  // cached by the histogram
                                : read_expert(p, io.topk_idx, io.idx_type, static_cast<int64_t>(t) * K + lane,
                                              kPhaseDispatchSend, t, seq, false);
       const int rk = e >= 0 ? atomicAdd(&sm.run_e[e], 1) : 0;
@@ -346,7 +345,7 @@ __device__ SendDone dispatch_send(const CommParams& p, const DispatchIO& io, uin
     // Round, phase B: one warp per (token, slice) loads the slice once and stores it to every
     // destination rank of the token.
     for (int w = warp; w < nr * nsd; w += kWarps) {
-      const int ui = unit_div<kDecode>(w, nsd, p.dispatch_slices_mul), sl = w - ui * nsd, u = r0 + ui, t = u * D + gi;
+      const int ui = div_by_mul(w, nsd, p.dispatch_slices_mul), sl = w - ui * nsd, u = r0 + ui, t = u * D + gi;
       const int e = lane < K ? sm.tok_e[ui * K + lane] : -1;
       const int j = lane < K ? sm.tok_j[ui * K + lane] : -1;
       const int r = e >= 0 ? expert_rank(e, p.rank_div) : -1;
@@ -375,9 +374,8 @@ __device__ SendDone dispatch_send(const CommParams& p, const DispatchIO& io, uin
 #pragma unroll
           for (int i = 0; i < kScaleRegs; ++i)
             if (i * kWarpSize + lane < p.num_scales) sc[i * kWarpSize + lane] = scv[i];
-          if (!kDecode)
-            for (int s = kScaleRegs * kWarpSize + lane; s < p.num_scales; s += kWarpSize)  // hidden > 16384
-              sc[s] = __ldg(src_scale + s);
+          for (int s = kScaleRegs * kWarpSize + lane; s < p.num_scales; s += kWarpSize)  // hidden > 16384
+            sc[s] = __ldg(src_scale + s);
         }
         int4* pl = reinterpret_cast<int4*>(msg + p.payload_offset);
 #pragma unroll
@@ -445,6 +443,145 @@ __device__ SendDone dispatch_send(const CommParams& p, const DispatchIO& io, uin
   SendDone done;
   done.direct_self = direct_self;
   done.sender_blocks = kLarge ? 0 : sender_blocks_of(n_own, gridDim.x);
+  return done;
+}
+
+// The decode kernel's send half (dispatch_decode_kernel: a P2P object, the masked layout, at most
+// 32 own entries, one own token per sending block). Session 31's probe (bench/results/ab-w1-s31)
+// timed the protocol's decode chain with nothing else in it 3.4 us under this pair, so this half
+// keeps the protocol (messages, tagged counts, slices counted at each destination) and drops the
+// block-wide machinery around it: no shared histogram, no ranking round, no block barrier. Each
+// warp of a sending block loads every own entry (lane i: entry i % K of own token i / K, one load)
+// and derives in registers what it needs:
+// - an entry's rank within (this rank, expert): the entries before it with the same expert (lane
+//   order is token order, so every rank is unique and below the expert's count);
+// - a token's message index at a destination: the earlier tokens that send there;
+// - the counts: an expert's entries, a destination's tokens.
+// Warp sl < nsd of token u's block stores slice sl of u's message (slice 0: the header and scales)
+// to every destination, then adds one slice to each destination's arrival counter with a release
+// (after __syncwarp: cumulative over the warp's stores). Warp nsd writes u's send_slot row. The
+// grid's last block also writes the count words, 32 experts per warp and one warp for the message
+// counts; it does so also when this rank sends nothing (the receivers wait for every word).
+// Blocks that send nothing and count nothing go straight to the receive half.
+static_assert(kWarpSize == 32, "one lane per own entry and per destination rank");
+__device__ SendDone dispatch_send_decode(const CommParams& p, const DispatchIO& io, uint64_t seq) {
+  __shared__ int warp_cnt[kWarps][kWarpSize];  // a count warp's 32 experts (or ranks)
+  const int W = p.world_size, L = p.num_local_experts, K = p.topk, D = p.dp_size, E = p.num_experts;
+  const int me = p.rank, gi = p.group_index, S = p.max_msgs_per_src, nsd = p.dispatch_slices;
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  EPKIT_STAGE_BEGIN(p);
+  const int m = resolve_num_tokens(p, io.m, kPhaseDispatchSend, seq, blockIdx.x == 0);
+  const int n_own = num_own_tokens(p, m);
+  SendDone done;
+  done.sender_blocks = sender_blocks_of(n_own, gridDim.x);
+  const bool counter = blockIdx.x == gridDim.x - 1;
+  const int ui = static_cast<int>(blockIdx.x) - (static_cast<int>(gridDim.x) - done.sender_blocks);  // own token
+  const bool sends = ui >= 0;
+  const int ncount = (E + kWarpSize - 1) / kWarpSize + 1;  // count units: 32 experts each, then the message counts
+  const int cw = warp - (nsd + 1);                          // this warp's first count unit
+  if (!(sends && warp <= nsd) && !(counter && cw >= 0 && cw < ncount)) return done;  // warp-uniform
+
+  // Every own entry, one per lane (n_own * K <= 32: dispatch_decode_kernel).
+  const int n = n_own * K;
+  const int lu = small_div(lane, p.topk_mul), lk = lane - lu * K;
+  const int e = lane < n ? read_expert(p, io.topk_idx, io.idx_type, static_cast<int64_t>(lu * D + gi) * K + lk,
+                                       kPhaseDispatchSend, lu * D + gi, seq, counter && cw == 0)
+                         : -1;
+  const int r = e >= 0 ? expert_rank(e, p.rank_div) : -1;
+  const unsigned below = (1u << lane) - 1u;
+  const unsigned peers = __match_any_sync(0xffffffffu, e);           // entries of the same expert
+  const int rk = __popc(peers & below);                              // rank within (this rank, expert)
+  const unsigned same_msg = __match_any_sync(0xffffffffu, e >= 0 ? lu * W + r : -1 - lane);
+  const bool lead = e >= 0 && (same_msg & below) == 0;               // the token's first entry for rank r
+  const unsigned dst_peers = __match_any_sync(0xffffffffu, lead ? r : -1 - lane);
+  const int j = lead ? __popc(dst_peers & below) : -1;               // the token's message index at r
+  EPKIT_STAGE(p, kStHistogramDone);
+
+  if (sends && warp < nsd) {  // slice `warp` of own token ui, to every rank it goes to
+    const int sl = warp, t = ui * D + gi, base = ui * K;
+    const unsigned dmask = __ballot_sync(0xffffffffu, lead && lu == ui);
+    int4 v[kUnroll];
+    float scv[kScaleRegs];
+    const float* src_scale = io.x_scale ? io.x_scale + static_cast<size_t>(t) * p.num_scales : nullptr;
+    load_own_slice(p, io, t, sl, lane, src_scale, v, scv);
+    const int hdr_words = p.header_bytes / 4;  // <= 64 (kMaxTopK)
+    int32_t hw0 = 0, hw1 = 0;
+    if (sl == 0) {
+      // Word wd of the header (header_word): entry k's expert and rank from lane base + k.
+      const auto word = [&](int wd) -> int32_t {
+        const int k = wd >= 4 && wd < 4 + 2 * K ? (wd - 4) / 2 : 0;
+        const int ek = __shfl_sync(0xffffffffu, e, base + k), rkk = __shfl_sync(0xffffffffu, rk, base + k);
+        if (wd == 0) return t;
+        if (wd < 4) return 0;
+        if (wd < 4 + 2 * K) return ((wd - 4) & 1) ? rkk : ek;
+        const int kw = wd - 4 - 2 * K;
+        return io.topk_weights && kw < K ? __float_as_int(io.topk_weights[static_cast<size_t>(t) * K + kw]) : -1;
+      };
+      hw0 = word(lane);  // every lane runs the shuffles; lanes past the header store nothing
+      hw1 = word(lane + 32);
+    }
+    const int payload_chunks = p.payload_bytes / 16;
+    for (unsigned mask = dmask; mask; mask &= mask - 1) {
+      const int src_lane = __ffs(mask) - 1;
+      const int rd = __shfl_sync(0xffffffffu, r, src_lane), jd = __shfl_sync(0xffffffffu, j, src_lane);
+      uint8_t* msg = peer_at<true>(p, rd) + p.off_dispatch_recv + (static_cast<size_t>(me) * S + jd) * p.msg_bytes;
+      if (sl == 0) {
+        int32_t* h = reinterpret_cast<int32_t*>(msg);
+        if (lane < hdr_words) h[lane] = hw0;
+        if (lane + 32 < hdr_words) h[lane + 32] = hw1;
+        float* sc = reinterpret_cast<float*>(msg + p.header_bytes);
+#pragma unroll
+        for (int i = 0; i < kScaleRegs; ++i)
+          if (i * kWarpSize + lane < p.num_scales) sc[i * kWarpSize + lane] = scv[i];
+      }
+      int4* pl = reinterpret_cast<int4*>(msg + p.payload_offset);
+#pragma unroll
+      for (int q = 0; q < kUnroll; ++q) {
+        const int c = sl * kSliceChunks + q * kWarpSize + lane;
+        if (c < payload_chunks) pl[c] = v[q];
+      }
+    }
+    EPKIT_STAGE(p, kStSlicesStored);
+    __syncwarp();  // + the release below, cumulative: every lane's stores of this slice
+    if ((dmask >> lane) & 1u) {  // one lane per destination: one more slice there
+      uint64_t* ctr = reinterpret_cast<uint64_t*>(peer_at<true>(p, r) + p.off_dispatch_recv_ctr) + me;
+      if (r == me)  // read on this GPU: a GPU-scope release publishes to it (as dispatch_send)
+        red_release_gpu_add(ctr, 1);
+      else
+        red_release_sys_add(ctr, 1);
+    }
+    EPKIT_STAGE(p, kStSendDone);
+  } else if (sends && warp == nsd) {  // own token ui's message index at every rank (-1: none), for combine
+    int* row = warp_cnt[warp];
+    row[lane] = -1;
+    __syncwarp();
+    if (lead && lu == ui) row[r] = j;
+    __syncwarp();
+    if (lane < W) p.send_slot[static_cast<size_t>(ui) * W + lane] = row[lane];
+  }
+  if (counter) {  // the count words: (this rank, local expert) and the messages, at every rank
+    int* cnt = warp_cnt[warp];
+    for (int c = cw; c >= 0 && c < ncount; c += kWarps - (nsd + 1)) {
+      const bool msgs = c == ncount - 1;
+      cnt[lane] = 0;
+      __syncwarp();
+      if (msgs) {
+        if (lead && j == 0) cnt[r] = __popc(dst_peers);  // rank r's messages: the tokens that go there
+      } else if (e >= 0 && rk == 0 && e / kWarpSize == c) {
+        cnt[e % kWarpSize] = __popc(peers);
+      }
+      __syncwarp();
+      const int x = msgs ? lane : c * kWarpSize + lane;  // a rank, or an expert
+      if (msgs ? x < W : x < E) {
+        const int d = msgs ? x : expert_rank(x, p.rank_div), el = msgs ? L : x - d * L;
+        uint64_t* dst = reinterpret_cast<uint64_t*>(peer_at<true>(p, d) + p.off_dispatch_counts) +
+                        static_cast<size_t>(me) * (L + 1) + el;
+        st_relaxed_sys(dst, tag_word(seq, static_cast<uint32_t>(cnt[lane])));
+      }
+      __syncwarp();  // before the next unit clears the array
+    }
+    EPKIT_STAGE(p, kStCountsWritten);
+  }
   return done;
 }
 
@@ -638,8 +775,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint64_t seq = *reinterpret_cast<volatile uint64_t*>(&p.state->seq);  // not waited for until used
   SendDone sent;
   static_assert(!kDecode || (!kLarge && kP2P), "the decode kernel: the small P2P variant only");
-  if (do_send) sent = dispatch_send<kLarge, kP2P, kDecode>(p, io, seq, smem, do_recv);
-  if (do_send && do_recv) __syncthreads();
+  if constexpr (kDecode) {
+    // No barrier between the halves: the send half uses no dynamic shared memory, and the receive
+    // half's first step is a block-wide one.
+    if (do_send) sent = dispatch_send_decode(p, io, seq);
+  } else {
+    if (do_send) sent = dispatch_send<kLarge, kP2P>(p, io, seq, smem, do_recv);
+    if (do_send && do_recv) __syncthreads();
+  }
   if (do_recv) dispatch_recv<kP2P, kDecode>(p, io, seq, smem, sent.direct_self, sent.sender_blocks);
   EPKIT_STAGE(p, kStDispatchDone);
   EPKIT_STAGE_EXIT(p, kStDispatchExit);

@@ -326,16 +326,24 @@ constexpr int sender_blocks_of(int n, unsigned nb) { return send_from_last_block
 // (the receive copy's (message, slice) units, the count matrix's rows), so no division fallback is
 // compiled. The receive half's conditions are the object's, the same on every rank. 2,752 -> 2,448
 // SASS instructions (2,456 in the build measured); dispatch -0.4 us at 1-4 tokens on one H200 (docs/perf-notes/2026-12-05-decode-kernels-s30.md).
+// Its send half (dispatch_send_decode, session 31) holds every own entry in one warp's lanes and
+// every destination rank in one lane each: at most kWarpSize own entries (own tokens x K) and ranks.
+// Its slices take the first dispatch_slices warps of a block, its message-index row one more, and
+// the last block's count units at least one more (kDispatchDecodeMaxSlices).
 inline constexpr int kDispatchDecodeMaxScales = 128;
+inline constexpr int kDispatchDecodeMaxSlices = kWarpsPerBlock - 2;
 inline bool dispatch_decode_kernel(const CommParams& p, const TokenCount& m, int blocks) {
   if (kernel_variant(p, m) != KernelVariant::kSmallP2P || p.packed != 0 || p.num_scales > kDispatchDecodeMaxScales)
     return false;
+  if (p.world_size > 32 || p.dispatch_slices > kDispatchDecodeMaxSlices) return false;
   constexpr uint64_t kSmallDivRange = uint64_t{1} << 32;
   const uint64_t W = static_cast<uint64_t>(p.world_size), S = static_cast<uint64_t>(p.max_msgs_per_src);
   const uint64_t nsd = static_cast<uint64_t>(p.dispatch_slices), L1 = static_cast<uint64_t>(p.num_local_experts) + 1;
   if (W * S * nsd * nsd > kSmallDivRange || W * L1 * L1 > kSmallDivRange) return false;
   const int m_max = m.dev_m != nullptr ? m.rows : m.host_m;
-  return blocks > 0 && send_from_last_blocks(own_tokens(m_max, p.rank, p.dp_size), static_cast<unsigned>(blocks));
+  const int own = own_tokens(m_max, p.rank, p.dp_size);
+  return blocks > 0 && send_from_last_blocks(own, static_cast<unsigned>(blocks)) &&
+         static_cast<int64_t>(own) * p.topk <= 32;
 }
 // The receive copy's work for msgs messages of nsd slices on nw warps: entries per (message, slice)
 // unit, K when the (message, slice, entry) units fit one wave (decode), else 1.

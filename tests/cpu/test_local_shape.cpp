@@ -311,25 +311,33 @@ TEST(LocalShape, CombineDecodeKernelOnlyForTaggedObjectsOfAtMost32Ranks) {
 TEST(LocalShape, DispatchDecodeKernelOnlyForOneTokenPerSendingBlock) {
   kernels::CommParams p{};
   p.rank = 0, p.dp_size = 1, p.world_size = 8, p.max_msgs_per_src = 4096, p.all_p2p = 1;
-  p.num_local_experts = 32, p.dispatch_slices = 4, p.num_scales = 56;  // V3 over 8 ranks, FP8
+  p.num_local_experts = 32, p.dispatch_slices = 4, p.num_scales = 56, p.topk = 8;  // V3 over 8 ranks, FP8
   const int blocks = 40;
-  for (int m : {0, 1, 4, 19, 20}) {  // 2 m <= blocks: the last m blocks send one token each
+  for (int m : {0, 1, 4}) {  // 2 m <= blocks: the last m blocks send one token each; m * K <= 32
     EXPECT_TRUE(kernels::dispatch_decode_kernel(p, kernels::TokenCount{m, nullptr, 4096}, blocks)) << m;
     for (int b = 0; b < blocks; ++b)
       EXPECT_LE(kernels::send_chunk_begin(m, b + 1, blocks) - kernels::send_chunk_begin(m, b, blocks), 1) << m << " " << b;
   }
+  for (int m : {5, 20})  // one token per block, but more own entries than a warp's lanes
+    EXPECT_FALSE(kernels::dispatch_decode_kernel(p, kernels::TokenCount{m, nullptr, 4096}, blocks)) << m;
+  p.topk = 2;  // 16 tokens x 2 entries fill the lanes; 20 blocks send one each
+  EXPECT_TRUE(kernels::dispatch_decode_kernel(p, kernels::TokenCount{16, nullptr, 4096}, blocks));
+  EXPECT_FALSE(kernels::dispatch_decode_kernel(p, kernels::TokenCount{17, nullptr, 4096}, blocks));
+  p.topk = 1;
+  EXPECT_TRUE(kernels::dispatch_decode_kernel(p, kernels::TokenCount{20, nullptr, 4096}, blocks));
   for (int m : {21, 64, 128, 1023})  // even chunks: a block may send a round of several tokens
     EXPECT_FALSE(kernels::dispatch_decode_kernel(p, kernels::TokenCount{m, nullptr, 4096}, blocks)) << m;
+  p.topk = 8;
   EXPECT_FALSE(kernels::dispatch_decode_kernel(p, kernels::TokenCount{1, nullptr, 4096}, 0));
   // A device m is bounded by the rows it is clamped to (the small variant: no large-call object).
   const int32_t dev_m = 1;
   p.max_msgs_per_src = 512;
-  EXPECT_TRUE(kernels::dispatch_decode_kernel(p, kernels::TokenCount{-1, &dev_m, 20}, blocks));
-  EXPECT_FALSE(kernels::dispatch_decode_kernel(p, kernels::TokenCount{-1, &dev_m, 21}, blocks));
+  EXPECT_TRUE(kernels::dispatch_decode_kernel(p, kernels::TokenCount{-1, &dev_m, 4}, blocks));
+  EXPECT_FALSE(kernels::dispatch_decode_kernel(p, kernels::TokenCount{-1, &dev_m, 5}, blocks));
   // DP groups: a rank sends ceil((m - rank % D) / D) of the group's m.
   p.dp_size = 4, p.rank = 1;
-  EXPECT_TRUE(kernels::dispatch_decode_kernel(p, kernels::TokenCount{80, nullptr, 4096}, blocks));   // 20 own
-  EXPECT_FALSE(kernels::dispatch_decode_kernel(p, kernels::TokenCount{85, nullptr, 4096}, blocks));  // 21 own
+  EXPECT_TRUE(kernels::dispatch_decode_kernel(p, kernels::TokenCount{17, nullptr, 4096}, blocks));   // 4 own
+  EXPECT_FALSE(kernels::dispatch_decode_kernel(p, kernels::TokenCount{18, nullptr, 4096}, blocks));  // 5 own
   p.dp_size = 1, p.rank = 0;
   const kernels::TokenCount one{1, nullptr, 4096};
   p.packed = 1;  // the packed layout: expert rows from the peers' counts
@@ -338,9 +346,18 @@ TEST(LocalShape, DispatchDecodeKernelOnlyForOneTokenPerSendingBlock) {
   EXPECT_FALSE(kernels::dispatch_decode_kernel(p, one, blocks));
   p.num_scales = kernels::kDispatchDecodeMaxScales;
   EXPECT_TRUE(kernels::dispatch_decode_kernel(p, one, blocks));
+  p.dispatch_slices = kernels::kDispatchDecodeMaxSlices + 1;  // no warp of a block left for the counts
+  EXPECT_FALSE(kernels::dispatch_decode_kernel(p, one, blocks));
+  p.dispatch_slices = kernels::kDispatchDecodeMaxSlices;
+  EXPECT_TRUE(kernels::dispatch_decode_kernel(p, one, blocks));
+  p.dispatch_slices = 4;
   p.all_p2p = 0;  // a rank reached by put-with-signal: the portable small variant
   EXPECT_FALSE(kernels::dispatch_decode_kernel(p, one, blocks));
-  p.all_p2p = 1, p.world_size = 1024, p.max_msgs_per_src = 4096, p.dispatch_slices = 64;  // 2^28 units x 64 > 2^32
+  p.all_p2p = 1, p.world_size = 33, p.num_local_experts = 8;  // a rank per lane
+  EXPECT_FALSE(kernels::dispatch_decode_kernel(p, one, blocks));
+  p.world_size = 32;
+  EXPECT_TRUE(kernels::dispatch_decode_kernel(p, one, blocks));
+  p.max_msgs_per_src = 1 << 22, p.dispatch_slices = 14;  // 32 x 2^22 units x 14 x 14 > 2^32
   EXPECT_FALSE(kernels::dispatch_decode_kernel(p, one, blocks));
   p.dispatch_slices = 1;
   EXPECT_TRUE(kernels::dispatch_decode_kernel(p, one, blocks));
