@@ -457,10 +457,9 @@ __device__ SendDone dispatch_send(const CommParams& p, const DispatchIO& io, uin
 //   order is token order, so every rank is unique and below the expert's count);
 // - a token's message index at a destination: the earlier tokens that send there;
 // - the counts: an expert's entries, a destination's tokens.
-// Warp sl < nsd of token u's block loads slice sl of u's payload (slice 0: and the scales) beside
-// the index loads, stores that slice of u's message (slice 0: with the header) to every destination,
-// then adds one slice to each destination's arrival counter with a release (after __syncwarp:
-// cumulative over the warp's stores). Warp nsd writes u's send_slot row. The
+// Warp sl < nsd of token u's block stores slice sl of u's message (slice 0: the header and scales)
+// to every destination, then adds one slice to each destination's arrival counter with a release
+// (after __syncwarp: cumulative over the warp's stores). Warp nsd writes u's send_slot row. The
 // grid's last block also writes the count words, 32 experts per warp and one warp for the message
 // counts; it does so also when this rank sends nothing (the receivers wait for every word).
 // Blocks that send nothing and count nothing go straight to the receive half.
@@ -482,12 +481,6 @@ __device__ SendDone dispatch_send_decode(const CommParams& p, const DispatchIO& 
   const int cw = warp - (nsd + 1);                          // this warp's first count unit
   if (!(sends && warp <= nsd) && !(counter && cw >= 0 && cw < ncount)) return done;  // warp-uniform
 
-  // A slice warp's loads first: they need no index, so they travel with the index loads.
-  const int t = ui * D + gi;
-  const float* src_scale = io.x_scale ? io.x_scale + static_cast<size_t>(t) * p.num_scales : nullptr;
-  int4 v[kUnroll];
-  float scv[kScaleRegs];
-  if (sends && warp < nsd) load_own_slice(p, io, t, warp, lane, src_scale, v, scv);
   // Every own entry, one per lane (n_own * K <= 32: dispatch_decode_kernel).
   const int n = n_own * K;
   const int lu = small_div(lane, p.topk_mul), lk = lane - lu * K;
@@ -505,8 +498,12 @@ __device__ SendDone dispatch_send_decode(const CommParams& p, const DispatchIO& 
   EPKIT_STAGE(p, kStHistogramDone);
 
   if (sends && warp < nsd) {  // slice `warp` of own token ui, to every rank it goes to
-    const int sl = warp, base = ui * K;
+    const int sl = warp, t = ui * D + gi, base = ui * K;
     const unsigned dmask = __ballot_sync(0xffffffffu, lead && lu == ui);
+    int4 v[kUnroll];
+    float scv[kScaleRegs];
+    const float* src_scale = io.x_scale ? io.x_scale + static_cast<size_t>(t) * p.num_scales : nullptr;
+    load_own_slice(p, io, t, sl, lane, src_scale, v, scv);
     const int hdr_words = p.header_bytes / 4;  // <= 64 (kMaxTopK)
     int32_t hw0 = 0, hw1 = 0;
     if (sl == 0) {
