@@ -764,11 +764,6 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
   }
 }
 
-// EPKIT_DECODE_TOUCH=1 (A/B builds, EPKIT_AB_FLAGS): the decode kernel's blocks fill the constant
-// cache with every parameter line first (touch_param_lines).
-#ifndef EPKIT_DECODE_TOUCH
-#define EPKIT_DECODE_TOUCH 0
-#endif
 // __grid_constant__: the cold paths take p by reference; without it every thread keeps a stack
 // copy of it (docs/ARCHITECTURE.md, kernel code conventions).
 template <bool kLarge, bool kP2P, bool kDecode = false>
@@ -776,9 +771,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     dispatch_kernel(const __grid_constant__ CommParams p, const __grid_constant__ DispatchIO io, bool do_send,
                     bool do_recv) {
   extern __shared__ int smem[];
-#if EPKIT_DECODE_TOUCH
-  if constexpr (kDecode) touch_param_lines(p, io);  // A/B build only (session 31, call 5)
-#endif
   wait_previous_kernel();
   const uint64_t seq = *reinterpret_cast<volatile uint64_t*>(&p.state->seq);  // not waited for until used
   SendDone sent;
