@@ -226,9 +226,6 @@ __device__ __forceinline__ bool flag_passes(uint64_t v, uint64_t target, Cmp cmp
   return cmp == Cmp::kEq ? v == target : cmp == Cmp::kGe ? v >= target : (v >> 32) == target;
 }
 
-#ifndef EPKIT_SPIN_SLEEP_NS
-#define EPKIT_SPIN_SLEEP_NS 0
-#endif
 // The spinning part of wait_flag, out of line (see record_error). Returns the last value it loaded:
 // one that passes once the flag is there, one that does not on timeout or abort. A tagged word's
 // caller takes its value from it, with no second load after the spin (that load was one more round
@@ -239,9 +236,6 @@ static __device__ __noinline__ uint64_t wait_flag_slow(const CommParams& p, cons
   const uint64_t start = global_timer_ns();
   uint32_t spins = 0;
   while (true) {
-#if EPKIT_SPIN_SLEEP_NS > 0  // A/B builds only (session 31, call 6): does polling traffic slow the writers?
-    __nanosleep(EPKIT_SPIN_SLEEP_NS);
-#endif
     const uint64_t v = ld_acquire_sys(flag);
     if (flag_passes(v, target, cmp)) return v;
     if ((++spins & 63) == 0) {
