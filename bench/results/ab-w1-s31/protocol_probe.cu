@@ -49,6 +49,7 @@ constexpr uint64_t kTimeoutNs = 200000000;  // 0.2 s: a lost word makes a sample
 struct State {
   uint64_t seq;   // read by dispatch; combine's tail warp stores cseq + 1
   uint64_t cseq;  // the call's seq as dispatch stored it, read by combine
+  uint64_t direct_base;  // dispatch_direct: units counted on ctr_direct by every earlier call
 };
 
 struct Bufs {
@@ -70,6 +71,8 @@ struct Bufs {
   uint8_t* partial;       // [PROW] tagged partial
   __nv_bfloat16* out;     // [H]
   float* local_w;         // [K] the one-pass kernels' weights (their map)
+  uint64_t* ctr_direct;   // dispatch_direct's arrival counter (units)
+  uint64_t* ready;        // combine_pull: the rank's expert outputs are final (seq)
   State* state;
   int* err;
 };
@@ -473,6 +476,149 @@ __global__ void __launch_bounds__(kThreads, 1) combine_protocol(Bufs b) {
   for (int i = 0; i < 4; ++i) reinterpret_cast<int4*>(b.out)[sl * 128 + i * 32 + lane] = pack_bf16(acc[i]);
 }
 
+
+// ---------------------------------------------------------------------------------------------
+// Candidates for a protocol with one dependent hop fewer at decode (session 31's design note,
+// docs/perf-notes/2026-12-05-protocol-floor-s31.md). Not the library's protocol: their floors at
+// W = 1, to be measured before either is built.
+//
+// Dispatch, direct placement: the expert-major rows of each (local expert, source) are a fixed
+// range (at decode the masked capacity is W * M anyway: source s's tokens at rows s * M + rank), so
+// the sender knows every slot and stores the payload straight into the receiver's rows; there is
+// no message and no receive copy. Warp 0 of block q stores slice q / K of the token into entry
+// q % K's row and adds one unit to the arrival counter with a release. Block 0's warp 1 keeps the
+// token's slots (the sender's own map: what a pull combine needs), warp 2 of blocks 0-8 write the
+// tagged count words. The grid's last block receives: it waits for the counts, then for the units
+// they announce, and writes the rows per expert (at W = 1, source 0's range starts at row 0).
+__global__ void __launch_bounds__(kThreads, 1) dispatch_direct(Bufs b) {
+  __shared__ int s_cnt[L + 1];
+  __shared__ int s_total;
+  pdl_start();
+  const uint64_t seq = *reinterpret_cast<volatile uint64_t*>(&b.state->seq);
+  const uint32_t tag = static_cast<uint32_t>(seq);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, q = blockIdx.x;
+  if (q < NSD * K) {
+    if (warp > 2) return;
+    const int e = lane < K ? __ldg(b.topk + lane) : -1;
+    const int sl = q / K, kq = q % K;
+    int4 v[4];
+    float sc[2] = {0.f, 0.f};
+    if (warp == 0) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int c = sl * 128 + i * 32 + lane;
+        if (c < H / 16) v[i] = __ldg(reinterpret_cast<const int4*>(b.x) + c);
+      }
+      if (sl == 0)
+#pragma unroll
+        for (int i = 0; i < 2; ++i) sc[i] = i * 32 + lane < NS ? __ldg(b.x_scale + i * 32 + lane) : 0.f;
+    }
+    const unsigned peers = __match_any_sync(0xffffffffu, e);
+    const int rk = __popc(peers & ((1u << lane) - 1u));
+    const int row = e >= 0 && rk < CAP ? e * CAP + 0 * 1 + rk : -1;  // source 0's range of expert e
+    if (warp == 0) {
+      const int r = __shfl_sync(0xffffffffu, row, kq);
+      if (r >= 0) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int c = sl * 128 + i * 32 + lane;
+          if (c < H / 16) reinterpret_cast<int4*>(b.expert_x + static_cast<size_t>(r) * H)[c] = v[i];
+        }
+        if (sl == 0)
+#pragma unroll
+          for (int i = 0; i < 2; ++i)
+            if (i * 32 + lane < NS) b.expert_x_scale[static_cast<size_t>(r) * NS + i * 32 + lane] = sc[i];
+      }
+      __syncwarp();
+      // One unit per valid entry (an entry past the capacity too: the counts announce it).
+      if (lane == 0 && __shfl_sync(0xffffffffu, e, kq) >= 0) red_release_gpu_add(b.ctr_direct, 1);
+    } else if (warp == 1 && q == 0) {
+      if (lane < K) b.recv_map[1 + lane] = row;
+      if (lane == 0) b.recv_map[0] = 0, b.send_slot[0] = 0;
+    } else if (warp == 2 && q * 32 < L + 1) {
+      const int x = q * 32 + lane;  // a local expert, or L: the message count
+      int c = x < L ? 0 : 1;
+#pragma unroll
+      for (int k = 0; k < K; ++k) c += x < L && __shfl_sync(0xffffffffu, e, k) == x;
+      if (x < L + 1) st_relaxed_sys(b.counts + x, tag_word(seq, static_cast<uint32_t>(c)));
+    }
+    return;
+  }
+  // The receiving block.
+  bool ok = true;
+  if (threadIdx.x == 0) s_total = 0;
+  for (int x = threadIdx.x; x < L + 1; x += blockDim.x) {
+    uint32_t v = 0;
+    ok = ok && spin_tag(b.counts + x, tag, v, b.err);
+    s_cnt[x] = static_cast<int>(v);
+  }
+  if (__syncthreads_or(!ok)) return;
+  for (int el = threadIdx.x; el < L; el += blockDim.x) {
+    if (s_cnt[el]) atomicAdd(&s_total, s_cnt[el]);
+    b.num_tokens[el] = min(s_cnt[el], CAP);  // W = 1: source 0's rows start at 0
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const uint64_t target = b.state->direct_base + static_cast<uint64_t>(s_total) * NSD;
+    spin_ge(b.ctr_direct, target, b.err);
+    b.state->direct_base = target;
+    b.num_msgs[0] = s_cnt[L], b.state->cseq = seq;
+  }
+}
+
+// Combine, pull: the rank holding the expert outputs only says they are final (a flag per source
+// rank: here block 6's warp 15, which also stores the next call's seq); the token's own warps load
+// its rows where the sender's map says they are (a P2P load at W >= 2), sum them with the local
+// router weights and store the output. No partial, no token-side hop.
+__global__ void __launch_bounds__(kThreads, 1) combine_pull(Bufs b) {
+  pdl_start();
+  const uint64_t seq = *reinterpret_cast<volatile uint64_t*>(&b.state->cseq);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, sl = blockIdx.x;
+  if (blockIdx.x == gridDim.x - 1 && warp == kWarps - 1) {
+    if (lane == 0) {
+      asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(b.ready), "l"(seq) : "memory");
+      *reinterpret_cast<volatile uint64_t*>(&b.state->seq) = seq + 1;
+    }
+    return;
+  }
+  if (warp != 0) return;
+  const int row = lane < K ? b.recv_map[1 + lane] : -1;
+  const float wk = lane < K ? __ldg(b.topk_w + lane) : 0.f;
+  bool ok = true;
+  if (lane == 0) {  // W = 1: one rank to hear from
+    const uint64_t t0 = gtimer();
+    while (ld_acquire_sys(b.ready) != seq)
+      if (gtimer() - t0 > kTimeoutNs) { atomicExch(b.err, 4); ok = false; break; }
+  }
+  if (!__all_sync(0xffffffffu, __shfl_sync(0xffffffffu, ok, 0))) return;
+  float acc[4][8] = {};
+#pragma unroll 1
+  for (int kb = 0; kb < K; kb += 4) {
+    int4 raw[4][4];
+    float w[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int rj = __shfl_sync(0xffffffffu, row, kb + j);
+      w[j] = __shfl_sync(0xffffffffu, wk, kb + j);
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        raw[j][i] = rj >= 0 ? __ldcg(reinterpret_cast<const int4*>(b.expert_y + static_cast<size_t>(rj) * H) + sl * 128 + i * 32 + lane)
+                            : make_int4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        float f[8];
+        unpack_bf16(raw[j][i], f);
+#pragma unroll
+        for (int x = 0; x < 8; ++x) acc[i][x] = fmaf(w[j], f[x], acc[i][x]);
+      }
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) reinterpret_cast<int4*>(b.out)[sl * 128 + i * 32 + lane] = pack_bf16(acc[i]);
+}
+
 __global__ void gate_kernel(volatile unsigned* flag, unsigned target) {
   const uint64_t t0 = gtimer();
   while (*flag < target && gtimer() - t0 < 10000000000ull) __nanosleep(1000);
@@ -533,6 +679,8 @@ int main() {
   b.out = static_cast<__nv_bfloat16*>(dmalloc(H * 2));
   b.local_w = static_cast<float*>(dmalloc(K * 4));
   b.state = static_cast<State*>(dmalloc(sizeof(State)));
+  b.ctr_direct = static_cast<uint64_t*>(dmalloc(8));
+  b.ready = static_cast<uint64_t*>(dmalloc(8));
   b.err = static_cast<int*>(dmalloc(4));
   CK(cudaMemcpy(const_cast<uint8_t*>(b.x), hx.data(), H, cudaMemcpyHostToDevice));
   CK(cudaMemcpy(const_cast<float*>(b.x_scale), hsc.data(), NS * 4, cudaMemcpyHostToDevice));
@@ -564,6 +712,8 @@ int main() {
   const Fn c_proto = [&] { pdl(combine_protocol<true, false>, NSC); };
   const Fn c_now = [&] { pdl(combine_protocol<false, false>, NSC); };
   const Fn c_own = [&] { pdl(combine_protocol<true, true>, NSC); };
+  const Fn d_direct = [&] { pdl(dispatch_direct, NSD * K + 1); };
+  const Fn c_pull = [&] { pdl(combine_pull, NSC); };
 
   unsigned target = 0;
   const int samples = 400, batch = 16;
@@ -688,6 +838,9 @@ int main() {
   check_pair("protocol + counts + histogram + combine", d_hist, c_proto);
   check_pair("protocol + counts + combine, no weights", d_counts, c_now);
   check_pair("protocol + counts + combine, token side own warp", d_counts, c_own);
+  check_pair("candidate: direct placement + combine protocol", d_direct, c_proto);
+  check_pair("candidate: protocol + counts + pull combine", d_counts, c_pull);
+  check_pair("candidate: direct placement + pull combine", d_direct, c_pull);
 
   for (int round = 1; round <= 3; ++round) {
     std::printf("round %d\n", round);
@@ -700,11 +853,15 @@ int main() {
       time("pair: + histogram + combine protocol", {d_hist, c_proto});
       time("pair: + counts + combine without weights", {d_counts, c_now});
       time("pair: + counts + combine, token side own warp", {d_counts, c_own});
+      time("candidate: direct placement + combine protocol", {d_direct, c_proto});
+      time("candidate: protocol + counts + pull combine", {d_counts, c_pull});
+      time("candidate: direct placement + pull combine", {d_direct, c_pull});
     }
     time_graph("graph: one-pass pair", d_onepass, c_onepass);
     time_graph("graph: protocol minimal + combine protocol", d_min, c_proto);
     time_graph("graph: protocol + counts + combine protocol", d_counts, c_proto);
     time_graph("graph: + histogram + combine protocol", d_hist, c_proto);
+    time_graph("graph: candidate: direct placement + pull combine", d_direct, c_pull);
   }
   check_pair("protocol + counts + histogram + combine (end)", d_hist, c_proto);
   std::printf("%s\n", failures ? "CHECKS FAILED" : "all checks passed");
