@@ -145,6 +145,10 @@ case "$cmd" in
       NV=()
       [ -f .deps/nvshmem/include/nvshmem.h ] && NV=(-DNVSHMEM_HOME="$PWD/.deps/nvshmem")
       [ -f .deps/cutlass/include/cutlass/cutlass.h ] && NV+=(-DCUTLASS_HOME="$(cd .deps/cutlass && pwd -P)")
+      # EPKIT_AB_FLAGS reach every CUDA unit of a REF build (CMAKE_CUDA_FLAGS; EPKIT_AB_UNITS is for
+      # the working tree only). Until session 31 they were dropped here, silently: that session's
+      # stamps libraries of a commit came out without stamps.
+      [ -n "${EPKIT_AB_FLAGS:-}" ] && NV+=(-DCMAKE_CUDA_FLAGS="$EPKIT_AB_FLAGS")
       cmake -S "$src" -B "$bld" -G Ninja -DCMAKE_BUILD_TYPE=Release -DEPKIT_BUILD_TESTS=OFF "${NV[@]}" >/dev/null || exit 1
       cmds=$(cd "$bld" && ninja -t commands src/libepkit.so)
       objs=$(cd "$bld" && ninja -t inputs src/libepkit.so | grep 'CMakeFiles/epkit.dir/.*\.o$' | grep -v cmake_device_link)
