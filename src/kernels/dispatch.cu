@@ -463,6 +463,9 @@ __device__ SendDone dispatch_send(const CommParams& p, const DispatchIO& io, uin
 // grid's last block also writes the count words, 32 experts per warp and one warp for the message
 // counts; it does so also when this rank sends nothing (the receivers wait for every word).
 // Blocks that send nothing and count nothing go straight to the receive half.
+// Measured (session 31, same-call A/Bs on one H200 and one H100): V2-Lite's dispatch -0.4 to
+// -0.8 us at 1-4 tokens (graph -0.9 to -1.1 per pair), V3's within the spread (graph -0.1 to -0.4);
+// docs/perf-notes/2026-12-05-protocol-floor-s31.md.
 static_assert(kWarpSize == 32, "one lane per own entry and per destination rank");
 __device__ SendDone dispatch_send_decode(const CommParams& p, const DispatchIO& io, uint64_t seq) {
   __shared__ int warp_cnt[kWarps][kWarpSize];  // a count warp's 32 experts (or ranks)
