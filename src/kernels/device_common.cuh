@@ -6,6 +6,7 @@
 #include <nvshmem.h>
 #include <nvshmemx.h>
 
+#include <climits>
 #include <cstdint>
 #include <utility>
 
@@ -65,6 +66,13 @@ __device__ __forceinline__ void st16(void* p, int4 v) { *reinterpret_cast<int4*>
   do {                                                                                                 \
     if (blockIdx.x == EPKIT_STAGE_BLOCK && threadIdx.x == 0) (p).state->stage_ns[stage] = global_timer_ns(); \
   } while (0)
+// A stamp taken only once v (an int the stamping thread loaded) is in its register: the branch on v
+// keeps the timer read after the load's result (a plain stamp may be scheduled before it).
+#define EPKIT_STAGE_AFTER(p, stage, v)                                                                 \
+  do {                                                                                                 \
+    if (blockIdx.x == EPKIT_STAGE_BLOCK && threadIdx.x == 0 && (v) != INT_MIN)                         \
+      (p).state->stage_ns[stage] = global_timer_ns();                                                  \
+  } while (0)
 // The grid's last warp to get here (every warp's lane 0 takes the max): where a kernel ends, which
 // one block's stamps do not show (cleared with the others by EPKIT_STAGE_BEGIN).
 #define EPKIT_STAGE_EXIT(p, stage)                                                                      \
@@ -90,6 +98,9 @@ __device__ __forceinline__ void st16(void* p, int4 v) { *reinterpret_cast<int4*>
   } while (0)
 #define EPKIT_STAGE_EXIT(p, stage) \
   do {                             \
+  } while (0)
+#define EPKIT_STAGE_AFTER(p, stage, v) \
+  do {                                 \
   } while (0)
 #define EPKIT_STAGE_BEGIN(p) \
   do {                       \

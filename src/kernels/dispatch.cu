@@ -490,6 +490,7 @@ __device__ SendDone dispatch_send_decode(const CommParams& p, const DispatchIO& 
   const int e = lane < n ? read_expert(p, io.topk_idx, io.idx_type, static_cast<int64_t>(lu * D + gi) * K + lk,
                                        kPhaseDispatchSend, lu * D + gi, seq, counter && cw == 0)
                          : -1;
+  EPKIT_STAGE_AFTER(p, kStTopkLoaded, e);  // the index is back (session 33: where V3's sender lags)
   const int r = e >= 0 ? expert_rank(e, p.rank_div) : -1;
   const unsigned below = (1u << lane) - 1u;
   const unsigned peers = __match_any_sync(0xffffffffu, e);           // entries of the same expert

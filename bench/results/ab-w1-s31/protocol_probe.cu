@@ -530,8 +530,11 @@ __global__ void __launch_bounds__(kThreads, 1) dispatch_direct(Bufs b) {
             if (i * 32 + lane < NS) b.expert_x_scale[static_cast<size_t>(r) * NS + i * 32 + lane] = sc[i];
       }
       __syncwarp();
-      // One unit per valid entry (an entry past the capacity too: the counts announce it).
-      if (lane == 0 && __shfl_sync(0xffffffffu, e, kq) >= 0) red_release_gpu_add(b.ctr_direct, 1);
+      // One unit per valid entry (an entry past the capacity too: the counts announce it). The
+      // shuffle runs on every lane (session 33: inside `lane == 0 &&` it was a warp-synchronous
+      // call on one lane, undefined).
+      const int ek = __shfl_sync(0xffffffffu, e, kq);
+      if (lane == 0 && ek >= 0) red_release_gpu_add(b.ctr_direct, 1);
     } else if (warp == 1 && q == 0) {
       if (lane < K) b.recv_map[1 + lane] = row;
       if (lane == 0) b.recv_map[0] = 0, b.send_slot[0] = 0;
@@ -539,7 +542,10 @@ __global__ void __launch_bounds__(kThreads, 1) dispatch_direct(Bufs b) {
       const int x = q * 32 + lane;  // a local expert, or L: the message count
       int c = x < L ? 0 : 1;
 #pragma unroll
-      for (int k = 0; k < K; ++k) c += x < L && __shfl_sync(0xffffffffu, e, k) == x;
+      for (int k = 0; k < K; ++k) {
+        const int ek = __shfl_sync(0xffffffffu, e, k);  // every lane (no short-circuit around it)
+        c += x < L && ek == x;
+      }
       if (x < L + 1) st_relaxed_sys(b.counts + x, tag_word(seq, static_cast<uint32_t>(c)));
     }
     return;
@@ -632,6 +638,9 @@ __global__ void pre_sample_kernel(unsigned* word) {
 }  // namespace
 
 int main() {
+  // Line-buffered: a call that runs past its limit still shows how far it got (session 33's first
+  // run of call 7 was killed with everything in the buffer).
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
   cudaStream_t st;
   CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   unsigned* hflag;
@@ -690,6 +699,26 @@ int main() {
   const State s0{1, 0};
   CK(cudaMemcpy(b.state, &s0, sizeof s0, cudaMemcpyHostToDevice));
 
+  // The two dispatches count on different arrival counters: the protocol's waits for seq * NSD on
+  // `ctr`, the direct one for direct_base + its units on `ctr_direct`. A variant that runs one
+  // leaves the other's counter behind, so before each variant the host puts both where the next
+  // call expects them (session 33: without this, every protocol dispatch after the first direct
+  // one waited out its 0.2 s timeout). The error word is cleared with them: each variant's own.
+  auto resync = [&] {
+    CK(cudaStreamSynchronize(st));
+    State s{};
+    CK(cudaMemcpy(&s, b.state, sizeof s, cudaMemcpyDeviceToHost));
+    const uint64_t c = (s.seq - 1) * NSD;
+    CK(cudaMemcpy(b.ctr, &c, 8, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(b.ctr_direct, &s.direct_base, 8, cudaMemcpyHostToDevice));
+    CK(cudaMemset(b.err, 0, 4));
+  };
+  auto read_err = [&] {
+    CK(cudaStreamSynchronize(st));
+    int e = 0;
+    CK(cudaMemcpy(&e, b.err, 4, cudaMemcpyDeviceToHost));
+    return e;
+  };
   auto pdl = [&](auto kernel, int blocks) {
     cudaLaunchConfig_t cfg{};
     cfg.gridDim = dim3(blocks);
@@ -722,6 +751,7 @@ int main() {
   unsigned* pre_word = static_cast<unsigned*>(dmalloc(4));
   bool pre_sample = false;  // epkit-bench's harness: a barrier kernel before each sample's first event
   auto time = [&](const char* name, std::vector<Fn> steps) {
+    resync();
     const int marks = static_cast<int>(steps.size()) + 1;
     std::vector<cudaEvent_t> ev(static_cast<size_t>(samples + 8) * marks);
     for (auto& e : ev) CK(cudaEventCreate(&e));
@@ -756,12 +786,14 @@ int main() {
                 [&] { double t = 0; for (int s = 0; s < marks - 1; ++s) t += us[s][us[s].size() / 2]; return t; }(),
                 us[marks - 1][us[marks - 1].size() / 10], us[marks - 1][us[marks - 1].size() * 9 / 10]);
     for (auto& e : ev) cudaEventDestroy(e);
+    if (const int e = read_err()) std::printf("  ^ error word %d: a wait timed out (0.2 s) in this variant\n", e);
   };
   // Graph replay as epkit-bench's graph figure: kGraphPairs dispatch + combine pairs captured in one
   // graph (programmatic edges kept by capture); each sample is one replay (event, replay, event)
   // divided by kGraphPairs; median of 400.
   constexpr int kGraphPairs = 10;
   auto time_graph = [&](const char* name, const Fn& d, const Fn& c) {
+    resync();
     cudaGraph_t g;
     cudaGraphExec_t ge;
     CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
@@ -788,6 +820,7 @@ int main() {
     cudaEventDestroy(e1);
     cudaGraphExecDestroy(ge);
     cudaGraphDestroy(g);
+    if (const int e = read_err()) std::printf("  ^ error word %d: a wait timed out (0.2 s) in this variant\n", e);
   };
 
   // Checks: outputs poisoned, one pair, compared with the host's expectation. Every protocol
@@ -795,7 +828,7 @@ int main() {
   // reads, and the arrival counter's target is seq * NSD).
   int failures = 0;
   auto check_pair = [&](const char* name, const Fn& d, const Fn& c) {
-    CK(cudaStreamSynchronize(st));
+    resync();
     CK(cudaMemset(b.expert_x, 0xA5, static_cast<size_t>(ROWS) * H));
     CK(cudaMemset(b.expert_x_scale, 0xA5, static_cast<size_t>(ROWS) * NS * 4));
     CK(cudaMemset(b.recv_map, 0xA5, (K + 1) * 4));
@@ -829,6 +862,7 @@ int main() {
     std::printf("check %-46s %s (rows, scales, map; output worst relative error %.2e; err %d)\n", name,
                 ok ? "ok" : "FAILED", worst, err);
     failures += !ok;
+    return ok;
   };
 
   for (int i = 0; i < 3; ++i) d_counts(), c_proto();  // warm-up
@@ -838,9 +872,10 @@ int main() {
   check_pair("protocol + counts + histogram + combine", d_hist, c_proto);
   check_pair("protocol + counts + combine, no weights", d_counts, c_now);
   check_pair("protocol + counts + combine, token side own warp", d_counts, c_own);
-  check_pair("candidate: direct placement + combine protocol", d_direct, c_proto);
-  check_pair("candidate: protocol + counts + pull combine", d_counts, c_pull);
-  check_pair("candidate: direct placement + pull combine", d_direct, c_pull);
+  // A candidate that fails its check is not timed (a failed wait costs its 0.2 s timeout per call).
+  const bool ok_dc = check_pair("candidate: direct placement + combine protocol", d_direct, c_proto);
+  const bool ok_cp = check_pair("candidate: protocol + counts + pull combine", d_counts, c_pull);
+  const bool ok_dp = check_pair("candidate: direct placement + pull combine", d_direct, c_pull);
 
   for (int round = 1; round <= 3; ++round) {
     std::printf("round %d\n", round);
@@ -853,15 +888,15 @@ int main() {
       time("pair: + histogram + combine protocol", {d_hist, c_proto});
       time("pair: + counts + combine without weights", {d_counts, c_now});
       time("pair: + counts + combine, token side own warp", {d_counts, c_own});
-      time("candidate: direct placement + combine protocol", {d_direct, c_proto});
-      time("candidate: protocol + counts + pull combine", {d_counts, c_pull});
-      time("candidate: direct placement + pull combine", {d_direct, c_pull});
+      if (ok_dc) time("candidate: direct placement + combine protocol", {d_direct, c_proto});
+      if (ok_cp) time("candidate: protocol + counts + pull combine", {d_counts, c_pull});
+      if (ok_dp) time("candidate: direct placement + pull combine", {d_direct, c_pull});
     }
     time_graph("graph: one-pass pair", d_onepass, c_onepass);
     time_graph("graph: protocol minimal + combine protocol", d_min, c_proto);
     time_graph("graph: protocol + counts + combine protocol", d_counts, c_proto);
     time_graph("graph: + histogram + combine protocol", d_hist, c_proto);
-    time_graph("graph: candidate: direct placement + pull combine", d_direct, c_pull);
+    if (ok_dp) time_graph("graph: candidate: direct placement + pull combine", d_direct, c_pull);
   }
   check_pair("protocol + counts + histogram + combine (end)", d_hist, c_proto);
   std::printf("%s\n", failures ? "CHECKS FAILED" : "all checks passed");
