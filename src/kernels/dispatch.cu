@@ -600,6 +600,11 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
   const bool packed = !kDecode && p.packed;  // the decode kernel: masked layout only
   RecvSmem sm{smem, smem + W * L, smem + 2 * W * L, smem + 2 * W * L + W};
 
+#ifdef EPKIT_AB_RECV_DELAY_NS
+  // Diagnostic switch (session 33, stamps libraries only): the receive half starts its count-word
+  // polls this many ns late, to see whether their first burst is what delays V3's sending block.
+  if (kDecode) __nanosleep(EPKIT_AB_RECV_DELAY_NS);
+#endif
   const uint64_t* count_flag = sym_at<uint64_t>(p, p.off_dispatch_count_flag);
   // The arrival counters are waited for by the block's last threads (thread kThreads - 1 - s for
   // source s), the offsets computed by its first: the two overlap. Its base is loaded before the
