@@ -4,6 +4,9 @@
 #    its first run hung: see that folder's README), 3 rounds; standalone, built here.
 # 2. Stamps of the general kernels' sending block (the grid's last block) at 1 token, V3 and
 #    V2-Lite, with the new "topk loaded" stamp (EPKIT_STAGE_AFTER): where V3's 0.6 us lag starts.
+#    "st": the tree's kernels; "stdelay": the same with -DEPKIT_AB_RECV_DELAY_NS=2000 (the receive
+#    half sleeps 2 us before its first count poll): if the receivers' first polls delay the sender,
+#    its stamps come earlier there.
 # Copy to .ab/run.sh; carry [".deps/wheels", ".deps/googletest", ".ab"].
 set -u
 export NVSHMEM_DISABLE_NVLS=1 NCCL_NVLS_ENABLE=0
@@ -19,5 +22,5 @@ sed -n '/round 3/,$p' "$P/probe.txt" | grep -v "^check" | cut -c1-160
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,driver_version --format=csv > "$P/gpu.txt" 2>&1
 rm -f "$P/protocol_probe"
 source scripts/ab-call-start.sh $OUT/c1
-ab_stages stages 150 "st" --preset decode,decode-v2lite --tokens 1 --no-baselines
+ab_stages stages 150 "st stdelay" --preset decode,decode-v2lite --tokens 1 --no-baselines
 source scripts/ab-call-end.sh
