@@ -466,6 +466,9 @@ __device__ SendDone dispatch_send(const CommParams& p, const DispatchIO& io, uin
 // Measured (session 31, same-call A/Bs on one H200 and one H100): V2-Lite's dispatch -0.4 to
 // -0.8 us at 1-4 tokens (graph -0.9 to -1.1 per pair), V3's within the spread (graph -0.1 to -0.4);
 // docs/perf-notes/2026-12-05-protocol-floor-s31.md.
+// Session 33 (one H100, 7 rounds): the matches only in the warps that use them took V3's dispatch
+// from 8.3 to 7.8 us at 1 token (pair 16.2 -> 15.7, graph 9.4 -> 8.9), 4 tokens pair 16.3 -> 15.9;
+// V2-Lite and 128 tokens within the spread; docs/perf-notes/2026-12-06-candidates-s33.md.
 static_assert(kWarpSize == 32, "one lane per own entry and per destination rank");
 __device__ SendDone dispatch_send_decode(const CommParams& p, const DispatchIO& io, uint64_t seq) {
   __shared__ int warp_cnt[kWarps][kWarpSize];  // a count warp's 32 experts (or ranks)
@@ -615,11 +618,6 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
   const bool packed = !kDecode && p.packed;  // the decode kernel: masked layout only
   RecvSmem sm{smem, smem + W * L, smem + 2 * W * L, smem + 2 * W * L + W};
 
-#ifdef EPKIT_AB_RECV_DELAY_NS
-  // Diagnostic switch (session 33, stamps libraries only): the receive half starts its count-word
-  // polls this many ns late, to see whether their first burst is what delays V3's sending block.
-  if (kDecode) __nanosleep(EPKIT_AB_RECV_DELAY_NS);
-#endif
   const uint64_t* count_flag = sym_at<uint64_t>(p, p.off_dispatch_count_flag);
   // The arrival counters are waited for by the block's last threads (thread kThreads - 1 - s for
   // source s), the offsets computed by its first: the two overlap. Its base is loaded before the
