@@ -496,18 +496,17 @@ __device__ SendDone dispatch_send_decode(const CommParams& p, const DispatchIO& 
   EPKIT_STAGE_AFTER(p, kStTopkLoaded, e);  // the index is back (session 33: where V3's sender lags)
   const int r = e >= 0 ? expert_rank(e, p.rank_div) : -1;
   // The warp matches, only in the warps that use them: the slice warps, the send_slot warp and the
-  // warp of the message counts. A warp that counts experts only counts them by shuffles (below).
-  // Session 33's stamps (one H100): V3's sending block, 14 warps all matching, reached "matches
-  // done" 1.14 us after its index was back, V2-Lite's, 5 warps, 0.59 us after it; not the load
-  // (0.55 against 0.49 us) and not the receivers' polling (unchanged with their first poll 2 us late).
-  const int cstride = kWarps - (nsd + 1);  // count warps; the message unit is ncount - 1
+  // warp of the message counts (unit ncount - 1). A warp that counts experts only counts them by
+  // shuffles (below): with every warp matching, V3's sending block (14 warps) reached "matches done"
+  // 1.14 us after its index, V2-Lite's (5 warps) 0.59 us (session 33's stamps).
+  const int cstride = kWarps - (nsd + 1);  // count warps
   const bool matches = (sends && warp <= nsd) || (counter && cw >= 0 && (ncount - 1 - cw) % cstride == 0);
   const unsigned below = (1u << lane) - 1u;
-  unsigned peers = 0, dst_peers = 0;
+  unsigned dst_peers = 0;
   int rk = 0, j = -1;
   bool lead = false;
   if (matches) {  // warp-uniform
-    peers = __match_any_sync(0xffffffffu, e);                          // entries of the same expert
+    const unsigned peers = __match_any_sync(0xffffffffu, e);           // entries of the same expert
     rk = __popc(peers & below);                                        // rank within (this rank, expert)
     const unsigned same_msg = __match_any_sync(0xffffffffu, e >= 0 ? lu * W + r : -1 - lane);
     lead = e >= 0 && (same_msg & below) == 0;                          // the token's first entry for rank r
@@ -580,8 +579,8 @@ __device__ SendDone dispatch_send_decode(const CommParams& p, const DispatchIO& 
   }
   if (counter) {  // the count words: (this rank, local expert) and the messages, at every rank
     int* cnt = warp_cnt[warp];
-    for (int c = cw; c >= 0 && c < ncount; c += kWarps - (nsd + 1)) {
-      const bool msgs = c == ncount - 1;  // only in a warp with matches (above)
+    for (int c = cw; c >= 0 && c < ncount; c += cstride) {
+      const bool msgs = c == ncount - 1;  // the warp's last unit; only in a warp with matches (above)
       const int x = msgs ? lane : c * kWarpSize + lane;  // a rank, or an expert
       int value = 0;
       if (msgs) {
@@ -590,7 +589,6 @@ __device__ SendDone dispatch_send_decode(const CommParams& p, const DispatchIO& 
         if (lead && j == 0) cnt[r] = __popc(dst_peers);  // rank r's messages: the tokens that go there
         __syncwarp();
         value = cnt[lane];
-        __syncwarp();  // before a later unit of this warp clears the array
       } else {
         // Expert x's entries: every own entry's expert by shuffle (n <= 32, independent steps).
         for (int i = 0; i < n; ++i) value += __shfl_sync(0xffffffffu, e, i) == x;

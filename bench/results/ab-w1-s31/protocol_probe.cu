@@ -856,8 +856,7 @@ int main() {
         ref += static_cast<double>(hw[k]) * __bfloat162float(hy[static_cast<size_t>(topk[k]) * CAP * H + i]);
       worst = std::max(worst, std::fabs(__bfloat162float(out[i]) - ref) / (std::fabs(ref) + 1e-2));
     }
-    int err = 0;
-    CK(cudaMemcpy(&err, b.err, 4, cudaMemcpyDeviceToHost));
+    const int err = read_err();
     ok = ok && worst < 2e-2 && err == 0;  // bf16 output of an fp32 sum: 2^-8 relative, with headroom
     std::printf("check %-46s %s (rows, scales, map; output worst relative error %.2e; err %d)\n", name,
                 ok ? "ok" : "FAILED", worst, err);
