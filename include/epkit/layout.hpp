@@ -27,6 +27,14 @@ inline constexpr int kTaggedPartialMaxTokens = 256;
 // symmetric offset and slot index inside int32 arithmetic on the device.
 inline constexpr int kMaxTokensPerRank = 1 << 16;
 
+// recv_map rows (the workspace's map from a received message to its expert rows): the token index
+// at its source, the source, the message's index there, then one expert row per k (-1: none here).
+// Rows are numbered densely in the order the local experts' runs have (this rank's own messages
+// first, then sources me + 1, ..., W - 1, 0, ..., me - 1), so that combine finds a message's row
+// from its position alone, without the per-source counts; the source and index in the row say where
+// its weights and its partial go.
+inline constexpr int kRecvMapHead = 3;
+
 // Most blocks a kernel grid takes (one per SM; H200 has 132). The host clamps grids to it, and the
 // per-block histogram rows of the workspace are sized by it.
 inline constexpr int kMaxGridBlocks = 256;
@@ -85,7 +93,7 @@ struct WorkspaceLayout {
   size_t num_msgs = 0;     // [W] int32: messages received from each source in the current call
   size_t recv_base = 0;    // [W] uint64: dispatch slices consumed from each source over all earlier calls
   size_t weights_base = 0; // [W] uint64: weight rows from each source over all calls up to the current one
-  size_t recv_map = 0;     // [W][ceil(M/D)][K + 1] int32: token index, then expert slot (el*cap+pos) or -1
+  size_t recv_map = 0;     // [W * ceil(M/D)][kRecvMapHead + K] int32: token, source, index, then expert row per k or -1
   size_t peer_bases = 0;   // [W] pointers: peer address of the symmetric base, null if not P2P
   size_t hist_stride = 0;  // ints per block_hist row: E + W rounded up to 4
   size_t block_hist = 0;   // [kMaxGridBlocks][hist_stride] int32: one dispatch block's own-chunk counts

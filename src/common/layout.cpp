@@ -67,7 +67,7 @@ WorkspaceLayout WorkspaceLayout::make(const AllToAllConfig& c) {
   w.num_msgs = cv.take(W * sizeof(int32_t));
   w.recv_base = cv.take(W * sizeof(uint64_t));
   w.weights_base = cv.take(W * sizeof(uint64_t));
-  w.recv_map = cv.take(W * S * (K + 1) * sizeof(int32_t));
+  w.recv_map = cv.take(W * S * (kRecvMapHead + K) * sizeof(int32_t));
   w.peer_bases = cv.take(W * sizeof(void*));
   w.hist_stride = align_up(static_cast<size_t>(c.num_experts) + W, 4);
   w.block_hist = cv.take(kMaxGridBlocks * w.hist_stride * sizeof(int32_t));

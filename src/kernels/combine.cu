@@ -52,35 +52,45 @@ struct PendingFlags {
 
 struct CombineSmem {
   int* nmsg;      // [W]
-  int* msg_off;   // [W + 1] prefix of nmsg; then the largest nmsg
+  int* msg_off;   // [W + 2]: first recv_map row of each source's messages (layout.hpp's order), the total,
+                  // the largest nmsg
 };
 
-// The received messages numbered source by source, for the small P2P variant of an object of at
-// most 32 ranks: lane s holds the messages of sources 0..s (num_msgs, written by dispatch_recv,
-// scanned by the warp itself), so that a warp finds its messages with no shared memory and no
-// block barrier. With the block's prefix in shared memory, every warp waited at two block barriers
-// for the block's slowest warp, at decode the one storing a token's router weights (two round trips
-// and its stores), before its first partial's map load.
+// A received message's recv_map row (layout.hpp, kRecvMapHead): the token at its source, the source,
+// the message's index there, and lane k's expert row (-1: none here). Rows are numbered densely, so
+// a unit's row follows from its position alone.
+struct MsgRow {
+  int t, s, j, slot;
+};
+__device__ __forceinline__ MsgRow load_msg_row(const CommParams& p, int row) {
+  const int32_t* map = p.recv_map + static_cast<size_t>(row) * (kRecvMapHead + p.topk);
+  const int lane = threadIdx.x % kWarpSize;
+  return {map[0], map[1], map[2], lane < p.topk ? map[kRecvMapHead + lane] : -1};
+}
+
+// The row of a group's first message, loaded before the message count is known. Which unit a group
+// takes depends on that count (combine_send_group, the one-wave spread); the guess is the unit it
+// takes when the call's slices fit one wave in groups of kMaxCombineGroup, the shape of every 1-4
+// token call. send_partials takes the loaded row when its first message is that row and loads the
+// row itself otherwise. A guessed row past this call's messages is never used (a stale row of an
+// earlier call, or never written: only its registers are read, and only after the count says so).
+struct RowGuess {
+  int row = -1;
+  MsgRow r{};
+};
+
+// The received messages' count, for the small P2P variant of an object of at most 32 ranks: lane s
+// loads the messages of source s (num_msgs, written by dispatch_recv) and the warp adds them, with
+// no shared memory and no block barrier. With the block's prefix in shared memory, every warp waited
+// at two block barriers for the block's slowest warp, at decode the one storing a token's router
+// weights (two round trips and its stores), before its first partial's map load. (Until the rows
+// were dense, each warp also scanned the counts to find a message's source and index: the map load
+// waited for them. The row now says both.)
 struct WarpMsgIndex {
-  int incl = 0;   // lane s < W: messages of sources 0..s; lanes >= W: the total
   int total = 0;
   __device__ __forceinline__ void load(const CommParams& p) {
     const int lane = threadIdx.x % kWarpSize;
-    int x = lane < p.world_size ? p.num_msgs[lane] : 0;
-#pragma unroll
-    for (int o = 1; o < kWarpSize; o <<= 1) {
-      const int y = __shfl_up_sync(0xffffffffu, x, o);
-      if (lane >= o) x += y;
-    }
-    incl = x;
-    total = __shfl_sync(0xffffffffu, x, kWarpSize - 1);
-  }
-  // Message q < total (warp-uniform): its source s (the sources whose messages all come before it)
-  // and its index j there.
-  __device__ __forceinline__ void locate(int q, int& s, int& j) const {
-    s = __popc(__ballot_sync(0xffffffffu, incl <= q));
-    const int before = __shfl_sync(0xffffffffu, incl, s > 0 ? s - 1 : 0);
-    j = q - (s > 0 ? before : 0);
+    total = __reduce_add_sync(0xffffffffu, lane < p.world_size ? p.num_msgs[lane] : 0);
   }
 };
 
@@ -100,10 +110,12 @@ constexpr int kSliceChunks = kWarpSize * kUnroll;   // 1024 elements: kSliceByte
 // the slice's flag. bar.sync orders the other warps' stores before its release, which is
 // cumulative, as __syncwarp and the release order the lanes' stores of one warp.
 // kWarpIdx: the messages are found with wi (WarpMsgIndex), else with the block's prefix in sm.
+// guess: the row loaded before the count (RowGuess), or none.
 template <int G, typename Tin, typename Tout, bool kLarge, bool kP2P, bool kWarpIdx = false>
 __device__ __forceinline__ void send_partials(const CommParams& p, const CombineIO& io, uint64_t seq,
                                               const CombineSmem& sm, PendingFlags& flags,
-                                              const WarpMsgIndex& wi = WarpMsgIndex{}) {
+                                              const WarpMsgIndex& wi = WarpMsgIndex{},
+                                              const RowGuess& guess = RowGuess{}) {
   static_assert(G == 1 || (!kLarge && kP2P), "warp groups: the small P2P variant only");
   static_assert(!kWarpIdx || (!kLarge && kP2P), "the warp's own message index: the small P2P variant only");
   static_assert(kUnroll % G == 0 && kWarps % G == 0, "a group's warps split the lane's chunks, within one block");
@@ -127,20 +139,15 @@ __device__ __forceinline__ void send_partials(const CommParams& p, const Combine
   const Tin* y = static_cast<const Tin*>(io.expert_y);
   for (int q = grp; q < span * nsc; q += ngroups) {
     const int qv = div_by_mul(q, nsc, p.combine_slices_mul), sl = q - qv * nsc;
-    int s, j;
+    int row = qv;
     if constexpr (kLarge) {
-      j = qv / W, s = (qv + me) % W;  // own tokens' partials start the interleave
-      if (j >= sm.nmsg[s]) continue;
-    } else {
-      if constexpr (kWarpIdx)
-        wi.locate(qv, s, j);
-      else
-        s = source_of_message(sm.msg_off, W, qv), j = qv - sm.msg_off[s];
+      const int jj = qv / W, ss = (qv + me) % W;  // own tokens' partials start the interleave
+      if (jj >= sm.nmsg[ss]) continue;
+      row = sm.msg_off[ss] + jj;
     }
-    const size_t msg = static_cast<size_t>(s) * S + j;
-    const int32_t* map = p.recv_map + msg * (K + 1);
-    const int t = map[0];
-    const int slot = lane < K ? map[1 + lane] : -1;
+    const MsgRow mr = row == guess.row ? guess.r : load_msg_row(p, row);
+    const int s = mr.s, t = mr.t, slot = mr.slot;
+    const size_t msg = static_cast<size_t>(s) * S + mr.j;  // where its weights came (combine_send's own)
     // The weights (tagged words) are waited for after the first rows' loads have gone out, so that
     // the rows' round trip runs beside the weights' (waited for first, the rows' loads went out only
     // once the weights had come: the spin is a volatile load and a branch, and nothing moves across
@@ -299,14 +306,16 @@ __device__ __forceinline__ void send_partials(const CommParams& p, const Combine
 template <typename Tin, typename Tout, bool kWarpIdx>
 __device__ __forceinline__ void send_partials_grouped(const CommParams& p, const CombineIO& io, uint64_t seq,
                                                       const CombineSmem& sm, PendingFlags& flags, int units,
-                                                      const WarpMsgIndex& wi = WarpMsgIndex{}) {
+                                                      const WarpMsgIndex& wi = WarpMsgIndex{},
+                                                      const RowGuess& guess = RowGuess{}) {
   const int G = combine_send_group(units, static_cast<int>(gridDim.x) * kWarps);
+  static_assert(kMaxCombineGroup == 4, "the groups below");
   if (G == 4) {
-    send_partials<4, Tin, Tout, false, true, kWarpIdx>(p, io, seq, sm, flags, wi);
+    send_partials<4, Tin, Tout, false, true, kWarpIdx>(p, io, seq, sm, flags, wi, guess);
   } else if (G == 2) {
-    send_partials<2, Tin, Tout, false, true, kWarpIdx>(p, io, seq, sm, flags, wi);
+    send_partials<2, Tin, Tout, false, true, kWarpIdx>(p, io, seq, sm, flags, wi, guess);
   } else {
-    send_partials<1, Tin, Tout, false, true, kWarpIdx>(p, io, seq, sm, flags, wi);
+    send_partials<1, Tin, Tout, false, true, kWarpIdx>(p, io, seq, sm, flags, wi, guess);
   }
 }
 
@@ -378,10 +387,16 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
       // Each warp on its own: its message index (WarpMsgIndex), then its partials. No early return
       // on an aborted layer here: every wait below is bounded and ends early on an abort by itself,
       // and the warps of a group (named barriers without tagged partials) must all go on.
+      RowGuess guess;
+      const int gq = (warp / kMaxCombineGroup) * gridDim.x + blockIdx.x;  // the group's unit, one wave of groups of 4
+      if (gq < W * S * nsc) {
+        guess.row = div_by_mul(gq, nsc, p.combine_slices_mul);
+        guess.r = load_msg_row(p, guess.row);
+      }
       WarpMsgIndex wi;
       wi.load(p);
       EPKIT_STAGE(p, kStWeightsArrived);
-      send_partials_grouped<Tin, Tout, true>(p, io, seq, sm, flags, wi.total * nsc, wi);
+      send_partials_grouped<Tin, Tout, true>(p, io, seq, sm, flags, wi.total * nsc, wi, guess);
       return;
     }
   }
@@ -395,10 +410,13 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
       wait_flag(p, wctr + s, p.weights_base[s], Cmp::kGe, kPhaseCombineSend, kWaitWeights, s, -1, seq);
   }
   __syncthreads();
-  if (threadIdx.x == 0) {
+  if (threadIdx.x == 0) {  // each source's first recv_map row (layout.hpp: ours first, then me + 1, ...)
     int acc = 0, most = 0;
 #pragma unroll 1  // one thread, W steps: unrolled it was 150 instructions
-    for (int s = 0; s < W; ++s) sm.msg_off[s] = acc, acc += sm.nmsg[s], most = max(most, sm.nmsg[s]);
+    for (int i = 0; i < W; ++i) {
+      const int s = me + i < W ? me + i : me + i - W;
+      sm.msg_off[s] = acc, acc += sm.nmsg[s], most = max(most, sm.nmsg[s]);
+    }
     sm.msg_off[W] = acc;
     sm.msg_off[W + 1] = most;
   }

@@ -44,13 +44,14 @@ struct RecvSmem {
   int* cnt;      // [W][L] tokens per (source, local expert)
   int* off;      // [W][L] first slot of each (source, local expert) run, within the expert
   int* nmsg;     // [W] messages from each source
-  int* msg_off;  // [W + 1] prefix of nmsg
+  int* msg_off;  // [W + 1] prefix of nmsg (the messages this kernel copies)
+  int* map_off;  // [W] first recv_map row of each source's messages (layout.hpp: ours first, then me + 1, ...)
   // Then, packed layout only: [L + 1] first row of each local expert (then the aligned total), [L]
   // tokens per local expert, [kWarps] scratch of block_aligned_prefix (packed_smem below).
 };
 // The packed layout's arrays after the RecvSmem ones (computed where used: seven pointers kept live
 // across the copy loop cost registers the loop needs).
-__device__ __forceinline__ int* packed_first(const RecvSmem& sm, int W) { return sm.msg_off + W + 1; }
+__device__ __forceinline__ int* packed_first(const RecvSmem& sm, int W) { return sm.map_off + W; }
 
 // Look-back step of the large-call histogram. On entry cnt_total / dst_total hold this block's own
 // chunk; on exit run_e / run_d hold the counts of every earlier block's chunk and, in the last
@@ -150,11 +151,12 @@ __device__ __forceinline__ void load_own_slice(const CommParams& p, const Dispat
 
 // direct_self: one slice of one of our own tokens into its local experts' slots (slot: lane k's
 // entry, -1 when not local or past capacity); slice 0 also writes the scales and the token's
-// recv_map row (and router weights) at message index msg, where combine looks them up. Out of line,
+// recv_map row (row j: our own messages come first, layout.hpp) and router weights (at message
+// index me * S + j, where combine_send would receive them), where combine looks them up. Out of line,
 // like the other paths small calls rarely take.
 static_assert(kUnroll == 4, "write_own takes the slice as four int4 values");
 static __device__ __noinline__ void write_own(const CommParams& p, const DispatchIO& io, int4 v0, int4 v1, int4 v2,
-                                              int4 v3, int slot, int sl, int t, int msg, const float* src_scale,
+                                              int4 v3, int slot, int sl, int t, int j, const float* src_scale,
                                               uint64_t seq) {
   const int K = p.topk, lane = threadIdx.x % kWarpSize;
   const int4 v[kUnroll] = {v0, v1, v2, v3};  // by value: a reference would put the caller's slice on the stack
@@ -166,11 +168,11 @@ static __device__ __noinline__ void write_own(const CommParams& p, const Dispatc
     float* dst = io.expert_x_scale + static_cast<size_t>(__shfl_sync(0xffffffffu, slot, __ffs(m) - 1)) * p.num_scales;
     for (int x = lane; x < p.num_scales; x += kWarpSize) dst[x] = __ldg(src_scale + x);
   }
-  int32_t* map = p.recv_map + static_cast<size_t>(msg) * (K + 1);
-  if (lane == 0) map[0] = t;
-  if (lane < K) map[1 + lane] = slot;
+  int32_t* map = p.recv_map + static_cast<size_t>(j) * (kRecvMapHead + K);
+  if (lane < kRecvMapHead) map[lane] = lane == 0 ? t : lane == 1 ? p.rank : j;
+  if (lane < K) map[kRecvMapHead + lane] = slot;
   if (p.weights_at_dispatch && lane < K)  // where combine_send would otherwise receive them
-    sym_at<uint64_t>(p, p.off_weights_recv)[static_cast<size_t>(msg) * K + lane] =
+    sym_at<uint64_t>(p, p.off_weights_recv)[(static_cast<size_t>(p.rank) * p.max_msgs_per_src + j) * K + lane] =
         tag_word(seq, __float_as_uint(io.topk_weights[static_cast<size_t>(t) * K + lane]));
 }
 
@@ -398,7 +400,7 @@ __device__ SendDone dispatch_send(const CommParams& p, const DispatchIO& io, uin
             const int rk = sm.tok_rk[ui * K + lane];
             slot = rk < p.capacity ? (e - me * L) * p.capacity + rk : -1;
           }
-          write_own(p, io, v[0], v[1], v[2], v[3], slot, sl, t, me * S + jd, src_scale, seq);
+          write_own(p, io, v[0], v[1], v[2], v[3], slot, sl, t, jd, src_scale, seq);
           if (lane == 0) atomicAdd(&sm.blk_sent[rd], 1);
         } else if (uint8_t* pb = peer_at<kP2P>(p, rd)) {
           write_slice(pb + slot_off);
@@ -614,7 +616,7 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
   const int cap = p.capacity, nsd = p.dispatch_slices;
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
   const bool packed = !kDecode && p.packed;  // the decode kernel: masked layout only
-  RecvSmem sm{smem, smem + W * L, smem + 2 * W * L, smem + 2 * W * L + W};
+  RecvSmem sm{smem, smem + W * L, smem + 2 * W * L, smem + 2 * W * L + W, smem + 2 * W * L + 2 * W + 1};
 
   const uint64_t* count_flag = sym_at<uint64_t>(p, p.off_dispatch_count_flag);
   // The arrival counters are waited for by the block's last threads (thread kThreads - 1 - s for
@@ -678,7 +680,13 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
     packed_first_rows(p, io, tot, first, tot + L, kPhaseDispatchRecv, seq);
   }
   if (threadIdx.x == 0) {  // the messages to copy (none of our own with direct_self: the send half placed them)
-    int acc = 0;
+    int acc = 0, rows = 0;
+#pragma unroll 1
+    for (int i = 0; i < W; ++i) {
+      const int s = me + i < W ? me + i : me + i - W;  // map rows: ours first (write_own's need no count)
+      sm.map_off[s] = rows;
+      rows += sm.nmsg[s];
+    }
 #pragma unroll 1
     for (int s = 0; s < W; ++s) sm.msg_off[s] = acc, acc += direct_self && s == me ? 0 : sm.nmsg[s];
     sm.msg_off[W] = acc;
@@ -752,9 +760,9 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
     // loaded one by one, the rank's load sat behind the branch on the expert (only an entry of
     // ours needs it) and the token's behind both, two more round trips (SASS, CUDA 13.0).
     int slot = -1;
-    int32_t* map = p.recv_map + (static_cast<size_t>(s) * S + j) * (K + 1);
+    int32_t* map = p.recv_map + static_cast<size_t>(sm.map_off[s] + j) * (kRecvMapHead + K);
     const int2 erk = lane < K ? __ldcg(reinterpret_cast<const int2*>(hdr + 4) + lane) : make_int2(-1, 0);
-    if (sl == 0 && kq == 0 && lane == 0) map[0] = __ldcg(hdr);
+    if (sl == 0 && kq == 0 && lane < kRecvMapHead) map[lane] = lane == 0 ? __ldcg(hdr) : lane == 1 ? s : j;
     if (erk.x >= 0 && expert_rank(erk.x, p.rank_div) == me) {
       const int el = erk.x - me * L;
       const int pos = sm.off[s * L + el] + erk.y;
@@ -762,7 +770,7 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
     }
     EPKIT_STAGE(p, kStCopyLoaded);
     if (sl == 0 && kq == 0) {  // the map row and weights: once per message (entry 0's unit)
-      if (lane < K) map[1 + lane] = slot;
+      if (lane < K) map[kRecvMapHead + lane] = slot;
       if (p.weights_at_dispatch && lane < K)  // where combine_send would otherwise receive them
         sym_at<uint64_t>(p, p.off_weights_recv)[(static_cast<size_t>(s) * S + j) * K + lane] =
             tag_word(seq, static_cast<uint32_t>(__ldcg(hdr + 4 + 2 * K + lane)));
@@ -814,7 +822,7 @@ size_t dispatch_smem_bytes(int world_size, int num_experts, int topk) {
   const size_t send = 2 * static_cast<size_t>(num_experts) + 3 * static_cast<size_t>(world_size) +
                       3 * static_cast<size_t>(kRoundTokens) * topk;
   const size_t L = static_cast<size_t>(num_experts / world_size);
-  const size_t recv = 2 * static_cast<size_t>(num_experts) + 2 * static_cast<size_t>(world_size) + 1 + 2 * L + 1 + kWarps;
+  const size_t recv = 2 * static_cast<size_t>(num_experts) + 3 * static_cast<size_t>(world_size) + 1 + 2 * L + 1 + kWarps;
   return (send > recv ? send : recv) * sizeof(int);
 }
 

@@ -103,7 +103,7 @@ struct CommParams {
   int packed_rows;       // packed: R
   int num_local_experts;
   int local_piece_chunks;   // W = 1, M < kLocalLargeTokens: 16-byte chunks per lane of one scatter unit (1 or 4)
-  int32_t* recv_map;    // [W][S][K + 1]
+  int32_t* recv_map;    // [W * S][kRecvMapHead + K] (layout.hpp); W = 1's own kernels (local.cu): [M][K + 1]
   uint8_t* sym;                 // this rank's symmetric base (nvshmem addresses)
   size_t off_weights_recv;
   // World size 1 (local.cu): small_div_mul of the divisors of its unit arithmetic, so that a unit's

@@ -118,7 +118,7 @@ TEST(Layout, WorkspaceRegions) {
   const WorkspaceLayout w = WorkspaceLayout::make(c);
   EXPECT_GE(w.send_slot - w.state, 4096u);
   EXPECT_GE(w.num_msgs - w.send_slot, 64u * 8 * 4);          // [ceil(M/D)][W] int32
-  EXPECT_GE(w.peer_bases - w.recv_map, 8u * 64 * 9 * 4);     // [W][ceil(M/D)][K+1] int32
+  EXPECT_GE(w.peer_bases - w.recv_map, 8u * 64 * 11 * 4);    // [W * ceil(M/D)][kRecvMapHead + K] int32
   EXPECT_GE(w.block_hist - w.peer_bases, 8u * sizeof(void*));
   EXPECT_EQ(w.hist_stride, 264u);                               // E + W = 256 + 8, a multiple of 4
   EXPECT_GE(w.block_flag - w.block_hist, size_t{kMaxGridBlocks} * 264 * 4);
