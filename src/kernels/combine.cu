@@ -435,39 +435,32 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
   if constexpr (kLarge) flags.flush(lane, D, seq);
 }
 
-// The token side's first (token, slice) unit for this warp: one per block first when they fit one
-// wave, as in send_partials. (Taken from each block's last warp down, on warps the send groups
-// leave free, they gained nothing at 1-4 tokens and lost 0.3-0.4 us at 128: session 19.)
-__device__ __forceinline__ int first_recv_unit(const CommParams& p, int m) {
-  const int warp = threadIdx.x / kWarpSize, nw = gridDim.x * kWarps;
-  return m * p.combine_slices <= nw ? warp * gridDim.x + blockIdx.x : blockIdx.x * kWarps + warp;
-}
-
 // The token side: one warp per (token, slice) sums the partials of each rank it dispatched to.
 // With arrival flags it waits for each rank's flag, then loads the partials two ranks at a time.
 // kTagged (tagged partials, layout.hpp): it reads each rank's words as they land, one rank at a time
 // (both ranks' tagged words in flight at once spilled 500 bytes); a lane whose chunks have not all
 // landed loads them all again until one round has them all, and sums that round's words.
-// first: the expert words of the warp's first unit (first_recv_unit), loaded at the kernel's start
-// (kFirst; else loaded here).
-template <typename Tout, bool kTagged, bool kFirst>
-__device__ __forceinline__ void recv_partials(const CommParams& p, const CombineIO& io, uint64_t seq, int m,
-                                              ExpertWord first) {
+template <typename Tout, bool kTagged>
+__device__ __forceinline__ void recv_partials(const CommParams& p, const CombineIO& io, uint64_t seq, int m) {
   const int K = p.topk, M = p.max_tokens, H = p.hidden;
   const int nsc = p.combine_slices;
-  const int lane = threadIdx.x % kWarpSize, nw = gridDim.x * kWarps;
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  const int gw = blockIdx.x * kWarps + warp, nw = gridDim.x * kWarps;
   const uint64_t* flags = sym_at<uint64_t>(p, p.off_combine_flag);
   const uint8_t* partials = sym_at<uint8_t>(p, p.off_combine_recv);
   const size_t row_stride = p.combine_row_bytes;
   const int chunks = H / 8;
   Tout* out = static_cast<Tout*>(io.out);
-  const int q0 = first_recv_unit(p, m);
+  // One (token, slice) per block first when they fit one wave, as in send_partials. (Taken from each
+  // block's last warp down, on warps the send groups leave free, they gained nothing at 1-4 tokens
+  // and lost 0.3-0.4 us at 128: session 19.)
+  const int q0 = m * nsc <= nw ? warp * gridDim.x + blockIdx.x : gw;
 
   for (int q = q0; q < m * nsc; q += nw) {
     const int t = div_by_mul(q, nsc, p.combine_slices_mul), sl = q - t * nsc;
-    if (!kFirst || q != q0)
-      first = lane < K ? load_expert(io.topk_idx, io.idx_type, static_cast<int64_t>(t) * K + lane) : no_expert_word();
-    const int e = lane < K ? decode_expert(p, first, io.idx_type, kPhaseCombineRecv, t, seq, false) : -1;
+    const int e = lane < K ? read_expert(p, io.topk_idx, io.idx_type, static_cast<int64_t>(t) * K + lane,
+                                         kPhaseCombineRecv, t, seq, false)
+                           : -1;
     const int r = e >= 0 ? expert_rank(e, p.rank_div) : -1;
     const unsigned same = __match_any_sync(0xffffffffu, r);
     const bool first = e >= 0 && (same & ((1u << lane) - 1)) == 0;
@@ -568,13 +561,14 @@ __device__ __forceinline__ void recv_partials(const CommParams& p, const Combine
 
 // kTaggable: the small P2P variant, the only one an object with tagged partials runs; kTagged: its
 // decode kernel, whose objects all have them.
-template <typename Tout, bool kTaggable, bool kTagged, bool kFirst>
-__device__ void combine_recv(const CommParams& p, const CombineIO& io, uint64_t seq, int m, ExpertWord first) {
+template <typename Tout, bool kTaggable, bool kTagged>
+__device__ void combine_recv(const CommParams& p, const CombineIO& io, uint64_t seq) {
   static_assert(!kTagged || kTaggable, "tagged partials: the small P2P variant only");
+  const int m = resolve_num_tokens(p, io.m, kPhaseCombineRecv, seq, false);
   if (kTagged || (kTaggable && p.tagged_partials))
-    recv_partials<Tout, true, kFirst>(p, io, seq, m, first);
+    recv_partials<Tout, true>(p, io, seq, m);
   else
-    recv_partials<Tout, false, kFirst>(p, io, seq, m, first);
+    recv_partials<Tout, false>(p, io, seq, m);
 
   EPKIT_STAGE(p, kStTokensSummed);
 }
@@ -645,25 +639,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (do_recv) advance_layer(p, seq);
   }
   static_assert(!kDecode || (!kLarge && kP2P), "the decode kernel: the small P2P variant only");
-  // The token side's first unit: its expert indices are loaded now, so that their round trip runs
-  // beside the expert side's loads. Loaded after the partials, they were one more dependent round
-  // trip between a warp's own partial and its first poll of the partials it sums (stamps, V3 1
-  // token: 1.26 us from "partials sent" to "tokens summed"). Not for the large calls, whose token
-  // side starts long after.
-  int m = 0;
-  ExpertWord first = no_expert_word();
-  if (do_recv) {
-    m = resolve_num_tokens(p, io.m, kPhaseCombineRecv, seq, false);
-    const int q0 = first_recv_unit(p, m);
-    if (!kLarge && q0 < m * p.combine_slices && threadIdx.x % kWarpSize < p.topk) {
-      const int t = div_by_mul(q0, p.combine_slices, p.combine_slices_mul);
-      first = load_expert(io.topk_idx, io.idx_type, static_cast<int64_t>(t) * p.topk + threadIdx.x % kWarpSize);
-    }
-  }
   if (do_send) combine_send<Tin, Tout, kLarge, kP2P, kDecode>(p, io, seq, smem);
   EPKIT_STAGE(p, kStPartialsSent);
   if (do_recv) {
-    combine_recv<Tout, !kLarge && kP2P, kDecode, !kLarge>(p, io, seq, m, first);
+    combine_recv<Tout, !kLarge && kP2P, kDecode>(p, io, seq);
     if (tail_warp) wait_barrier(p, seq);
   }
   EPKIT_STAGE_EXIT(p, kStCombineExit);
