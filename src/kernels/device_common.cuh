@@ -427,8 +427,9 @@ __device__ __forceinline__ int num_own_tokens(const CommParams& p, int m) {
   return own_tokens_by_mul(m, p.group_index, p.dp_size, p.dp_mul);
 }
 
-// Received messages are numbered source by source: the source of message q is the last s with
-// msg_off[s] <= q (msg_off is the prefix of per-source message counts, W + 1 entries).
+// Received messages are numbered source by source: the source (its position in the numbering's
+// order) of message q is the last s with msg_off[s] <= q (msg_off is the prefix of the per-source
+// message counts in that order, W + 1 entries).
 __device__ __forceinline__ int source_of_message(const int* msg_off, int W, int q) {
   int lo = 0, hi = W - 1;
   while (lo < hi) {

@@ -44,14 +44,14 @@ struct RecvSmem {
   int* cnt;      // [W][L] tokens per (source, local expert)
   int* off;      // [W][L] first slot of each (source, local expert) run, within the expert
   int* nmsg;     // [W] messages from each source
-  int* msg_off;  // [W + 1] prefix of nmsg (the messages this kernel copies)
-  int* map_off;  // [W] first recv_map row of each source's messages (layout.hpp: ours first, then me + 1, ...)
+  int* msg_off;  // [W + 1] prefix of the messages this kernel copies, in recv_map's order (layout.hpp):
+                 // entry i for source me + i (mod W)
   // Then, packed layout only: [L + 1] first row of each local expert (then the aligned total), [L]
   // tokens per local expert, [kWarps] scratch of block_aligned_prefix (packed_smem below).
 };
 // The packed layout's arrays after the RecvSmem ones (computed where used: seven pointers kept live
 // across the copy loop cost registers the loop needs).
-__device__ __forceinline__ int* packed_first(const RecvSmem& sm, int W) { return sm.map_off + W; }
+__device__ __forceinline__ int* packed_first(const RecvSmem& sm, int W) { return sm.msg_off + W + 1; }
 
 // Look-back step of the large-call histogram. On entry cnt_total / dst_total hold this block's own
 // chunk; on exit run_e / run_d hold the counts of every earlier block's chunk and, in the last
@@ -616,7 +616,7 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
   const int cap = p.capacity, nsd = p.dispatch_slices;
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
   const bool packed = !kDecode && p.packed;  // the decode kernel: masked layout only
-  RecvSmem sm{smem, smem + W * L, smem + 2 * W * L, smem + 2 * W * L + W, smem + 2 * W * L + 2 * W + 1};
+  RecvSmem sm{smem, smem + W * L, smem + 2 * W * L, smem + 2 * W * L + W};
 
   const uint64_t* count_flag = sym_at<uint64_t>(p, p.off_dispatch_count_flag);
   // The arrival counters are waited for by the block's last threads (thread kThreads - 1 - s for
@@ -679,16 +679,17 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
     int* tot = first + L + 1;
     packed_first_rows(p, io, tot, first, tot + L, kPhaseDispatchRecv, seq);
   }
-  if (threadIdx.x == 0) {  // the messages to copy (none of our own with direct_self: the send half placed them)
-    int acc = 0, rows = 0;
+  // The messages to copy, numbered in recv_map's order (ours first, then me + 1, ...), so that a
+  // message's number is its map row: none of ours with direct_self (the send half placed them and
+  // wrote their rows, the first nmsg[me]). (With a second array of each source's first row, the
+  // copy's extra shared load and the loop here cost the dispatch 0.1-0.2 us: session 34's call 2.)
+  if (threadIdx.x == 0) {
+    int acc = 0;
 #pragma unroll 1
     for (int i = 0; i < W; ++i) {
-      const int s = me + i < W ? me + i : me + i - W;  // map rows: ours first (write_own's need no count)
-      sm.map_off[s] = rows;
-      rows += sm.nmsg[s];
+      const int s = me + i < W ? me + i : me + i - W;
+      sm.msg_off[i] = acc, acc += direct_self && i == 0 ? 0 : sm.nmsg[s];
     }
-#pragma unroll 1
-    for (int s = 0; s < W; ++s) sm.msg_off[s] = acc, acc += direct_self && s == me ? 0 : sm.nmsg[s];
     sm.msg_off[W] = acc;
   }
   if (blockIdx.x == 0)
@@ -737,7 +738,8 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
     // one unit (q < nw <= 4096: small_div is exact). Multiplies, not divisions (div_by_mul).
     const int qs = kx == 1 ? q : small_div(q, p.topk_mul), kq = q - qs * kx;
     const int qm = unit_div<kDecode>(qs, nsd, p.dispatch_slices_mul), sl = qs - qm * nsd;
-    const int s = source_of_message(sm.msg_off, W, qm), j = qm - sm.msg_off[s];
+    const int sp = source_of_message(sm.msg_off, W, qm), j = qm - sm.msg_off[sp];
+    const int s = me + sp < W ? me + sp : me + sp - W;  // sp: its position in recv_map's order
     const uint8_t* msg = recv + (static_cast<size_t>(s) * S + j) * p.msg_bytes;
     const int32_t* hdr = reinterpret_cast<const int32_t*>(msg);
     // Issue the slice's loads first; the header is small and read while they are in flight.
@@ -772,7 +774,7 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
     }
     EPKIT_STAGE(p, kStCopyLoaded);
     if (sl == 0 && kq == 0) {  // the map row and weights: once per message (entry 0's unit)
-      int32_t* map = p.recv_map + static_cast<size_t>(sm.map_off[s] + j) * (kRecvMapHead + K);
+      int32_t* map = p.recv_map + static_cast<size_t>(direct_self ? qm + sm.nmsg[me] : qm) * (kRecvMapHead + K);
       if (lane < kRecvMapHead) map[lane] = lane == 0 ? tok : lane == 1 ? s : j;
       if (lane < K) map[kRecvMapHead + lane] = slot;
       if (p.weights_at_dispatch && lane < K)  // where combine_send would otherwise receive them
@@ -826,7 +828,7 @@ size_t dispatch_smem_bytes(int world_size, int num_experts, int topk) {
   const size_t send = 2 * static_cast<size_t>(num_experts) + 3 * static_cast<size_t>(world_size) +
                       3 * static_cast<size_t>(kRoundTokens) * topk;
   const size_t L = static_cast<size_t>(num_experts / world_size);
-  const size_t recv = 2 * static_cast<size_t>(num_experts) + 3 * static_cast<size_t>(world_size) + 1 + 2 * L + 1 + kWarps;
+  const size_t recv = 2 * static_cast<size_t>(num_experts) + 2 * static_cast<size_t>(world_size) + 1 + 2 * L + 1 + kWarps;
   return (send > recv ? send : recv) * sizeof(int);
 }
 
