@@ -109,7 +109,7 @@ constexpr int kSliceChunks = kWarpSize * kUnroll;   // 1024 elements: kSliceByte
 // consecutive in one block: they store, meet at named barrier 1 + warp / G, and the first raises
 // the slice's flag. bar.sync orders the other warps' stores before its release, which is
 // cumulative, as __syncwarp and the release order the lanes' stores of one warp.
-// kWarpIdx: the messages are found with wi (WarpMsgIndex), else with the block's prefix in sm.
+// kWarpIdx: the call's message count comes from wi (WarpMsgIndex), else from the block's prefix in sm.
 // guess: the row loaded before the count (RowGuess), or none.
 template <int G, typename Tin, typename Tout, bool kLarge, bool kP2P, bool kWarpIdx = false>
 __device__ __forceinline__ void send_partials(const CommParams& p, const CombineIO& io, uint64_t seq,
@@ -147,7 +147,7 @@ __device__ __forceinline__ void send_partials(const CommParams& p, const Combine
     }
     const MsgRow mr = row == guess.row ? guess.r : load_msg_row(p, row);
     const int s = mr.s, t = mr.t, slot = mr.slot;
-    const size_t msg = static_cast<size_t>(s) * S + mr.j;  // where its weights came (combine_send's own)
+    const size_t msg = static_cast<size_t>(s) * S + mr.j;  // its index as its sender numbered it: where its weights land
     // The weights (tagged words) are waited for after the first rows' loads have gone out, so that
     // the rows' round trip runs beside the weights' (waited for first, the rows' loads went out only
     // once the weights had come: the spin is a volatile load and a branch, and nothing moves across
@@ -384,9 +384,10 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
   PendingFlags flags;
   if constexpr (!kLarge && kP2P) {
     if (warp_index) {
-      // Each warp on its own: its message index (WarpMsgIndex), then its partials. No early return
-      // on an aborted layer here: every wait below is bounded and ends early on an abort by itself,
-      // and the warps of a group (named barriers without tagged partials) must all go on.
+      // Each warp on its own: its likely first row and the message count (WarpMsgIndex), then its
+      // partials. No early return on an aborted layer here: every wait below is bounded and ends
+      // early on an abort by itself, and the warps of a group (named barriers without tagged
+      // partials) must all go on.
       RowGuess guess;
       const int gq = (warp / kMaxCombineGroup) * gridDim.x + blockIdx.x;  // the group's unit, one wave of groups of 4
       if (gq < W * S * nsc) {
