@@ -415,7 +415,7 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
     int acc = 0, most = 0;
 #pragma unroll 1  // one thread, W steps: unrolled it was 150 instructions
     for (int i = 0; i < W; ++i) {
-      const int s = me + i < W ? me + i : me + i - W;
+      const int s = map_order_source(me, i, W);
       sm.msg_off[s] = acc, acc += sm.nmsg[s], most = max(most, sm.nmsg[s]);
     }
     sm.msg_off[W] = acc;

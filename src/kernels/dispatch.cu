@@ -687,7 +687,7 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
     int acc = 0;
 #pragma unroll 1
     for (int i = 0; i < W; ++i) {
-      const int s = me + i < W ? me + i : me + i - W;
+      const int s = map_order_source(me, i, W);
       sm.msg_off[i] = acc, acc += direct_self && i == 0 ? 0 : sm.nmsg[s];
     }
     sm.msg_off[W] = acc;
@@ -739,7 +739,7 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
     const int qs = kx == 1 ? q : small_div(q, p.topk_mul), kq = q - qs * kx;
     const int qm = unit_div<kDecode>(qs, nsd, p.dispatch_slices_mul), sl = qs - qm * nsd;
     const int sp = source_of_message(sm.msg_off, W, qm), j = qm - sm.msg_off[sp];
-    const int s = me + sp < W ? me + sp : me + sp - W;  // sp: its position in recv_map's order
+    const int s = map_order_source(me, sp, W);  // sp: its position in recv_map's order
     const uint8_t* msg = recv + (static_cast<size_t>(s) * S + j) * p.msg_bytes;
     const int32_t* hdr = reinterpret_cast<const int32_t*>(msg);
     // Issue the slice's loads first; the header is small and read while they are in flight.

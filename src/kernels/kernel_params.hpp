@@ -185,6 +185,13 @@ constexpr int div_by_mul(int n, int d, uint64_t mul) {
 }
 constexpr int piece_mul_index(int piece_chunks) { return piece_chunks == 1 ? 0 : piece_chunks == 4 ? 1 : 2; }
 
+// recv_map's order (layout.hpp, kRecvMapHead): the source at position i (0 <= i < W) of rank me's
+// received messages, its own first, then me + 1, ..., W - 1, 0, ..., me - 1. dispatch_recv numbers
+// the messages it copies in this order, a copy's number being its row (after the own rows when the
+// large fused calls' send half wrote those), and combine_send's large calls find each source's first
+// row by the same order (CPU-tested: the rows are dense and both sides agree).
+constexpr int map_order_source(int me, int i, int W) { return me + i < W ? me + i : me + i - W; }
+
 // Index dtype codes for topk_idx.
 enum IndexType : int32_t { kIdxInt32 = 0, kIdxInt64 = 1, kIdxUInt32 = 2 };
 

@@ -512,6 +512,76 @@ TEST(LocalShape, GeneralDispatchMappingsCoverEveryTokenAndUnitOnce) {
   EXPECT_GT(spread, 0);
 }
 
+// recv_map's rows (layout.hpp, kRecvMapHead): dispatch_recv numbers the messages it copies in
+// map_order_source's order and stores each at its number (after the own rows, which the large fused
+// calls' send half writes at j); combine_send reads row q for the q-th message, and its large calls
+// a source's message j at that source's first row + j. For random per-source counts: every
+// (source, j) gets one row, the rows are 0 .. total - 1, own messages take the first ones, and the
+// combine's large-call row is the dispatch's.
+TEST(LocalShape, RecvMapRowsAreDenseOwnFirstAndAgreeAcrossKernels) {
+  std::mt19937 rng(std::random_device{}());
+  int checked = 0;
+  for (const int W : {1, 2, 3, 4, 7, 8, 16, 33, 64})
+    for (int me = 0; me < W; me += (W > 8 ? 5 : 1))
+      for (const int S : {1, 4, 128})
+        for (const bool direct_self : {false, true})
+          for (int rep = 0; rep < 3; ++rep) {
+            SCOPED_TRACE(::testing::Message() << "W " << W << " me " << me << " S " << S << " direct_self "
+                                              << direct_self << " rep " << rep);
+            std::vector<int> nmsg(W);
+            for (int& n : nmsg) n = rep == 0 ? S : static_cast<int>(rng() % (S + 1));
+            // The order is a permutation of the sources, ours first, then me + 1, ... (mod W).
+            std::vector<int> pos_of(W, -1);
+            for (int i = 0; i < W; ++i) {
+              const int s = kernels::map_order_source(me, i, W);
+              ASSERT_GE(s, 0);
+              ASSERT_LT(s, W);
+              ASSERT_EQ(pos_of[s], -1) << "source " << s << " twice";
+              pos_of[s] = i;
+              ASSERT_EQ(s, (me + i) % W);
+            }
+            // dispatch_recv: the copies' prefix in that order (none of ours with direct_self).
+            std::vector<int> msg_off(W + 1, 0);
+            for (int i = 0; i < W; ++i)
+              msg_off[i + 1] = msg_off[i] + (direct_self && i == 0 ? 0 : nmsg[kernels::map_order_source(me, i, W)]);
+            int total = 0;
+            for (int n : nmsg) total += n;
+            std::vector<std::vector<int>> row(W);
+            for (int s = 0; s < W; ++s) row[s].assign(nmsg[s], -1);
+            if (direct_self)
+              for (int j = 0; j < nmsg[me]; ++j) row[me][j] = j;  // write_own
+            for (int qm = 0; qm < msg_off[W]; ++qm) {
+              int sp = 0;  // source_of_message: the last position whose prefix is <= qm
+              while (sp + 1 < W && msg_off[sp + 1] <= qm) ++sp;
+              const int s = kernels::map_order_source(me, sp, W), j = qm - msg_off[sp];
+              ASSERT_LT(j, nmsg[s]);
+              ASSERT_EQ(row[s][j], -1) << "message (" << s << ", " << j << ") copied twice";
+              row[s][j] = direct_self ? qm + nmsg[me] : qm;
+            }
+            std::vector<int> seen(total, 0);
+            for (int s = 0; s < W; ++s)
+              for (int j = 0; j < nmsg[s]; ++j) {
+                const int r = row[s][j];
+                ASSERT_GE(r, 0) << "message (" << s << ", " << j << ") has no row";
+                ASSERT_LT(r, total);
+                ++seen[r];
+                if (s == me) ASSERT_EQ(r, j) << "own messages take the first rows";
+              }
+            for (int r = 0; r < total; ++r) ASSERT_EQ(seen[r], 1) << "row " << r;
+            // combine_send's large calls: each source's first row, in the same order.
+            std::vector<int> first(W);
+            for (int i = 0, acc = 0; i < W; ++i) {
+              const int s = kernels::map_order_source(me, i, W);
+              first[s] = acc;
+              acc += nmsg[s];
+            }
+            for (int s = 0; s < W; ++s)
+              for (int j = 0; j < nmsg[s]; ++j) ASSERT_EQ(first[s] + j, row[s][j]) << "message (" << s << ", " << j << ")";
+            ++checked;
+          }
+  EXPECT_GT(checked, 100);
+}
+
 TEST(LocalShape, ZeroBlocksIsAnError) {
   try {
     local_shapes(1, 8, 256, 7168, 7168, 0);
