@@ -56,18 +56,6 @@ struct CombineSmem {
                   // the largest nmsg
 };
 
-// A received message's recv_map row (layout.hpp, kRecvMapHead): the token at its source, the source,
-// the message's index there, and lane k's expert row (-1: none here). Rows are numbered densely, so
-// a unit's row follows from its position alone.
-struct MsgRow {
-  int t, s, j, slot;
-};
-__device__ __forceinline__ MsgRow load_msg_row(const CommParams& p, int row) {
-  const int32_t* map = p.recv_map + static_cast<size_t>(row) * (kRecvMapHead + p.topk);
-  const int lane = threadIdx.x % kWarpSize;
-  return {map[0], map[1], map[2], lane < p.topk ? map[kRecvMapHead + lane] : -1};
-}
-
 // The row of a group's first message, loaded before the message count is known. Which unit a group
 // takes depends on that count (combine_send_group, the one-wave spread); the guess is the unit it
 // takes when the call's slices fit one wave in groups of kMaxCombineGroup, the shape of every 1-4
@@ -86,13 +74,10 @@ struct RowGuess {
 // weights (two round trips and its stores), before its first partial's map load. (Until the rows
 // were dense, each warp also scanned the counts to find a message's source and index: the map load
 // waited for them. The row now says both.)
-struct WarpMsgIndex {
-  int total = 0;
-  __device__ __forceinline__ void load(const CommParams& p) {
-    const int lane = threadIdx.x % kWarpSize;
-    total = __reduce_add_sync(0xffffffffu, lane < p.world_size ? p.num_msgs[lane] : 0);
-  }
-};
+__device__ __forceinline__ int warp_message_total(const CommParams& p) {
+  const int lane = threadIdx.x % kWarpSize;
+  return __reduce_add_sync(0xffffffffu, lane < p.world_size ? p.num_msgs[lane] : 0);
+}
 
 constexpr int kUnroll = 4;                          // 8-element chunks per lane per slice
 constexpr int kSliceChunks = kWarpSize * kUnroll;   // 1024 elements: kSliceBytes of 16-bit output
@@ -109,15 +94,14 @@ constexpr int kSliceChunks = kWarpSize * kUnroll;   // 1024 elements: kSliceByte
 // consecutive in one block: they store, meet at named barrier 1 + warp / G, and the first raises
 // the slice's flag. bar.sync orders the other warps' stores before its release, which is
 // cumulative, as __syncwarp and the release order the lanes' stores of one warp.
-// kWarpIdx: the call's message count comes from wi (WarpMsgIndex), else from the block's prefix in sm.
+// kWarpTotal: the call's message count is warp_total (warp_message_total), else the block's prefix in sm.
 // guess: the row loaded before the count (RowGuess), or none.
-template <int G, typename Tin, typename Tout, bool kLarge, bool kP2P, bool kWarpIdx = false>
+template <int G, typename Tin, typename Tout, bool kLarge, bool kP2P, bool kWarpTotal = false>
 __device__ __forceinline__ void send_partials(const CommParams& p, const CombineIO& io, uint64_t seq,
                                               const CombineSmem& sm, PendingFlags& flags,
-                                              const WarpMsgIndex& wi = WarpMsgIndex{},
-                                              const RowGuess& guess = RowGuess{}) {
+                                              int warp_total = 0, const RowGuess& guess = RowGuess{}) {
   static_assert(G == 1 || (!kLarge && kP2P), "warp groups: the small P2P variant only");
-  static_assert(!kWarpIdx || (!kLarge && kP2P), "the warp's own message index: the small P2P variant only");
+  static_assert(!kWarpTotal || (!kLarge && kP2P), "the warp's own message count: the small P2P variant only");
   static_assert(kUnroll % G == 0 && kWarps % G == 0, "a group's warps split the lane's chunks, within one block");
   constexpr int N = kUnroll / G, R = 2 * G;
   const int W = p.world_size, K = p.topk, D = p.dp_size, S = p.max_msgs_per_src, M = p.max_tokens, H = p.hidden;
@@ -125,7 +109,7 @@ __device__ __forceinline__ void send_partials(const CommParams& p, const Combine
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
   const int gw = blockIdx.x * kWarps + warp, nw = gridDim.x * kWarps;
   const int ngroups = nw / G, sub = warp % G;
-  const int span = kLarge ? W * sm.msg_off[W + 1] : kWarpIdx ? wi.total : sm.msg_off[W];
+  const int span = kLarge ? W * sm.msg_off[W + 1] : kWarpTotal ? warp_total : sm.msg_off[W];
   // Small calls whose slices fit one wave of groups take one group per block first (block-uniform:
   // span is the same in every block): a group's loads and stores then have an SM to themselves.
   // Taken block by block, a 1-token V3 call put its 7 groups of 4 warps on 2 SMs.
@@ -303,19 +287,18 @@ __device__ __forceinline__ void send_partials(const CommParams& p, const Combine
 
 // The small P2P variant's partials for `units` (message, slice) units: G warps per slice, the
 // largest G whose groups take them all in one wave (combine_send_group).
-template <typename Tin, typename Tout, bool kWarpIdx>
+template <typename Tin, typename Tout, bool kWarpTotal>
 __device__ __forceinline__ void send_partials_grouped(const CommParams& p, const CombineIO& io, uint64_t seq,
                                                       const CombineSmem& sm, PendingFlags& flags, int units,
-                                                      const WarpMsgIndex& wi = WarpMsgIndex{},
-                                                      const RowGuess& guess = RowGuess{}) {
+                                                      int warp_total = 0, const RowGuess& guess = RowGuess{}) {
   const int G = combine_send_group(units, static_cast<int>(gridDim.x) * kWarps);
   static_assert(kMaxCombineGroup == 4, "the groups below");
   if (G == 4) {
-    send_partials<4, Tin, Tout, false, true, kWarpIdx>(p, io, seq, sm, flags, wi, guess);
+    send_partials<4, Tin, Tout, false, true, kWarpTotal>(p, io, seq, sm, flags, warp_total, guess);
   } else if (G == 2) {
-    send_partials<2, Tin, Tout, false, true, kWarpIdx>(p, io, seq, sm, flags, wi, guess);
+    send_partials<2, Tin, Tout, false, true, kWarpTotal>(p, io, seq, sm, flags, warp_total, guess);
   } else {
-    send_partials<1, Tin, Tout, false, true, kWarpIdx>(p, io, seq, sm, flags, wi, guess);
+    send_partials<1, Tin, Tout, false, true, kWarpTotal>(p, io, seq, sm, flags, warp_total, guess);
   }
 }
 
@@ -343,7 +326,7 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
   // and shared at the barrier before the partials: read there, its load was one more round trip
   // before the first partial. Every wait below is bounded, and ends early on an abort by itself.
   // (The warp-index path below needs none.) warp_index is block-uniform.
-  static_assert(kDecodeMaxRanks <= kWarpSize, "WarpMsgIndex: one rank per lane");
+  static_assert(kDecodeMaxRanks <= kWarpSize, "warp_message_total: one rank per lane");
   const bool warp_index = kDecode || (!kLarge && kP2P && W <= kWarpSize);  // a constant in the decode kernel
   const bool aborted_early = !warp_index && threadIdx.x == 0 && is_aborted(p);
   // One warp per own token, every block's second-to-last warp first (block by block), then the
@@ -384,7 +367,7 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
   PendingFlags flags;
   if constexpr (!kLarge && kP2P) {
     if (warp_index) {
-      // Each warp on its own: its likely first row and the message count (WarpMsgIndex), then its
+      // Each warp on its own: its likely first row and the message count (warp_message_total), then its
       // partials. No early return on an aborted layer here: every wait below is bounded and ends
       // early on an abort by itself, and the warps of a group (named barriers without tagged
       // partials) must all go on.
@@ -394,10 +377,9 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
         guess.row = div_by_mul(gq, nsc, p.combine_slices_mul);
         guess.r = load_msg_row(p, guess.row);
       }
-      WarpMsgIndex wi;
-      wi.load(p);
+      const int total = warp_message_total(p);
       EPKIT_STAGE(p, kStWeightsArrived);
-      send_partials_grouped<Tin, Tout, true>(p, io, seq, sm, flags, wi.total * nsc, wi, guess);
+      send_partials_grouped<Tin, Tout, true>(p, io, seq, sm, flags, total * nsc, total, guess);
       return;
     }
   }

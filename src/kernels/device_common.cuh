@@ -10,7 +10,7 @@
 #include <cstdint>
 #include <utility>
 
-#include "epkit/layout.hpp"  // kMaxTokensPerRank, kMaxGridBlocks
+#include "epkit/layout.hpp"  // kMaxTokensPerRank, kMaxGridBlocks, kRecvMapHead
 #include "kernels/kernel_params.hpp"
 
 namespace epkit::kernels {
@@ -425,6 +425,25 @@ static_assert(static_cast<int64_t>(kMaxTokensPerRank) * kMaxGridBlocks <= INT32_
 // own_tokens from the host's group index and multiplier (own_tokens_by_mul).
 __device__ __forceinline__ int num_own_tokens(const CommParams& p, int m) {
   return own_tokens_by_mul(m, p.group_index, p.dp_size, p.dp_mul);
+}
+
+// A received message's recv_map row (layout.hpp, kRecvMapHead): the token at its source, the source,
+// the message's index there, then one expert row per k (-1: none here). dispatch_recv and the large
+// fused calls' send half (its own messages) write it, combine_send reads it; rows are dense, so a
+// message's row follows from its position alone (map_order_source).
+__device__ __forceinline__ void store_map_row(const CommParams& p, int K, int row, int t, int s, int j, int slot) {
+  const int lane = threadIdx.x % kWarpSize;
+  int32_t* map = p.recv_map + static_cast<size_t>(row) * (kRecvMapHead + K);
+  if (lane < kRecvMapHead) map[lane] = lane == 0 ? t : lane == 1 ? s : j;
+  if (lane < K) map[kRecvMapHead + lane] = slot;
+}
+struct MsgRow {
+  int t, s, j, slot;  // slot: lane k's expert row
+};
+__device__ __forceinline__ MsgRow load_msg_row(const CommParams& p, int row) {
+  const int32_t* map = p.recv_map + static_cast<size_t>(row) * (kRecvMapHead + p.topk);
+  const int lane = threadIdx.x % kWarpSize;
+  return {map[0], map[1], map[2], lane < p.topk ? map[kRecvMapHead + lane] : -1};
 }
 
 // Received messages are numbered source by source: the source (its position in the numbering's

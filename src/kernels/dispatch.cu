@@ -168,9 +168,7 @@ static __device__ __noinline__ void write_own(const CommParams& p, const Dispatc
     float* dst = io.expert_x_scale + static_cast<size_t>(__shfl_sync(0xffffffffu, slot, __ffs(m) - 1)) * p.num_scales;
     for (int x = lane; x < p.num_scales; x += kWarpSize) dst[x] = __ldg(src_scale + x);
   }
-  int32_t* map = p.recv_map + static_cast<size_t>(j) * (kRecvMapHead + K);
-  if (lane < kRecvMapHead) map[lane] = lane == 0 ? t : lane == 1 ? p.rank : j;
-  if (lane < K) map[kRecvMapHead + lane] = slot;
+  store_map_row(p, K, j, t, p.rank, j, slot);
   if (p.weights_at_dispatch && lane < K)  // where combine_send would otherwise receive them
     sym_at<uint64_t>(p, p.off_weights_recv)[(static_cast<size_t>(p.rank) * p.max_msgs_per_src + j) * K + lane] =
         tag_word(seq, __float_as_uint(io.topk_weights[static_cast<size_t>(t) * K + lane]));
@@ -774,9 +772,7 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
     }
     EPKIT_STAGE(p, kStCopyLoaded);
     if (sl == 0 && kq == 0) {  // the map row and weights: once per message (entry 0's unit)
-      int32_t* map = p.recv_map + static_cast<size_t>(direct_self ? qm + sm.nmsg[me] : qm) * (kRecvMapHead + K);
-      if (lane < kRecvMapHead) map[lane] = lane == 0 ? tok : lane == 1 ? s : j;
-      if (lane < K) map[kRecvMapHead + lane] = slot;
+      store_map_row(p, K, direct_self ? qm + sm.nmsg[me] : qm, tok, s, j, slot);
       if (p.weights_at_dispatch && lane < K)  // where combine_send would otherwise receive them
         sym_at<uint64_t>(p, p.off_weights_recv)[(static_cast<size_t>(s) * S + j) * K + lane] =
             tag_word(seq, static_cast<uint32_t>(__ldcg(hdr + 4 + 2 * K + lane)));

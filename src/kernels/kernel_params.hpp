@@ -261,12 +261,12 @@ inline KernelVariant kernel_variant(const CommParams& p, const TokenCount& m) {
 
 // combine's decode kernel (combine.cu): the small P2P variant compiled for one kind of object only,
 // tagged partials (every P2P object of at most kTaggedPartialMaxTokens tokens per rank) on at most
-// kDecodeMaxRanks ranks, where each warp finds its messages by itself (WarpMsgIndex). It holds the
+// kDecodeMaxRanks ranks, where each warp counts its messages by itself (warp_message_total). It holds the
 // paths such a call takes and nothing else: 3,520 SASS instructions against the small P2P kernel's
 // 6,776 (its block-prefix path for more ranks and its untagged token side). Code a call never runs
 // cost the pair 0.3-0.6 us at 1-4 tokens, and the 128-token graph 0.5-0.9 us (one H100, same-call
 // A/B; on one H200 the pair within its spread, graph -0.2 to -0.5: docs/perf-notes/2026-12-05-decode-kernels-s30.md).
-inline constexpr int kDecodeMaxRanks = 32;  // one rank per lane of WarpMsgIndex
+inline constexpr int kDecodeMaxRanks = 32;  // one rank per lane of warp_message_total
 inline bool combine_decode_kernel(const CommParams& p, const TokenCount& m) {
   return kernel_variant(p, m) == KernelVariant::kSmallP2P && p.tagged_partials != 0 && p.world_size <= kDecodeMaxRanks;
 }
