@@ -12,6 +12,7 @@
 
 #include "epkit/layout.hpp"  // kMaxTokensPerRank, kMaxGridBlocks, kRecvMapHead
 #include "kernels/kernel_params.hpp"
+#include "kernels/warp_match.cuh"  // match_key_bits
 
 namespace epkit::kernels {
 

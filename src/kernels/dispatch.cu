@@ -506,11 +506,12 @@ __device__ SendDone dispatch_send_decode(const CommParams& p, const DispatchIO& 
   int rk = 0, j = -1;
   bool lead = false;
   if (matches) {  // warp-uniform
-    const unsigned peers = __match_any_sync(0xffffffffu, e);           // entries of the same expert
-    rk = __popc(peers & below);                                        // rank within (this rank, expert)
-    const unsigned same_msg = __match_any_sync(0xffffffffu, e >= 0 ? lu * W + r : -1 - lane);
-    lead = e >= 0 && (same_msg & below) == 0;                          // the token's first entry for rank r
-    dst_peers = __match_any_sync(0xffffffffu, lead ? r : -1 - lane);
+    // From ballots over the keys' bits (match_key_bits), not MATCH.ANY: the entries of one rank,
+    // and of one expert in the warp that writes the header (the only user of an entry's rank).
+    if (sends && warp == 0) rk = __popc(match_key_bits(e, match_key_width(E)) & below);  // within (this rank, expert)
+    const unsigned same_r = match_key_bits(r, match_key_width(W));    // entries for the same rank
+    lead = e >= 0 && (same_r & token_lanes(lu, K) & below) == 0;       // the token's first entry for rank r
+    dst_peers = same_r & __ballot_sync(0xffffffffu, lead);             // the tokens sending to rank r
     j = lead ? __popc(dst_peers & below) : -1;                         // the token's message index at r
   }
   EPKIT_STAGE(p, kStHistogramDone);
