@@ -10,17 +10,23 @@ namespace epkit::kernels {
 // lane l's mask when every bit of their keys agrees. A negative key matches only its own lane (the
 // library's callers ignore such lanes' masks). bits <= 12 covers any expert (kMaxExperts = 4096)
 // and any rank (kMaxWorldSize = 1024; config.cpp). Every lane of the warp must call it, with the
-// same bits. MATCH.ANY is one instruction of long latency; session 35's probe
-// (bench/results/ab-w1-s35/match_probe.cu) times both, docs/perf-notes/2026-12-06-ballot-matches-s35.md
-// has what it gave in the kernels.
+// same bits.
+// Why not MATCH.ANY: its time grows with the number of distinct keys in the warp (session 35's probe,
+// bench/results/ab-w1-s35/match_probe.cu, one H100: 156 cycles for 9 distinct keys, 387 for 33),
+// and the ballots' does not. Four ballots a pass, independent of each other (one per pass, rolled,
+// was about 40 cycles a bit: each waited for the last; all twelve unrolled cost what a key of a
+// few bits does not need). docs/perf-notes/2026-12-06-ballot-matches-s35.md has what it gave.
 __device__ __forceinline__ unsigned match_key_bits(int key, int bits) {
   unsigned m = __ballot_sync(0xffffffffu, key >= 0);
-#pragma unroll 1  // rolled: unrolled over 12 bits, each bit still waited for its warp-uniform exit
-                   // branch, and the decode dispatch kernel grew by 480 instructions
-  for (int b = 0; b < bits; ++b) {
-    const bool x = (key >> b) & 1;
-    const unsigned v = __ballot_sync(0xffffffffu, x);
-    m &= x ? v : ~v;
+#pragma unroll 1
+  for (int b0 = 0; b0 < bits; b0 += 4) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int b = b0 + i;
+      const bool x = b < bits && ((key >> b) & 1);  // past bits: every lane false, m unchanged
+      const unsigned v = __ballot_sync(0xffffffffu, x);
+      m &= x ? v : ~v;
+    }
   }
   return key >= 0 ? m : 1u << (threadIdx.x % 32);
 }
