@@ -445,7 +445,7 @@ __device__ __forceinline__ void recv_partials(const CommParams& p, const Combine
                                          kPhaseCombineRecv, t, seq, false)
                            : -1;
     const int r = e >= 0 ? expert_rank(e, p.rank_div) : -1;
-    const unsigned same = match_key_bits(r, match_key_width(p.world_size));  // ballots, not MATCH.ANY
+    const unsigned same = match_groups(r, match_key_width(p.world_size), min(p.world_size, K) + 1);  // warp_match.cuh
     const bool first = e >= 0 && (same & ((1u << lane) - 1)) == 0;
     bool ok = true;
     if constexpr (!kTagged) {

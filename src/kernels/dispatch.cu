@@ -506,10 +506,13 @@ __device__ SendDone dispatch_send_decode(const CommParams& p, const DispatchIO& 
   int rk = 0, j = -1;
   bool lead = false;
   if (matches) {  // warp-uniform
-    // From ballots over the keys' bits (match_key_bits), not MATCH.ANY: the entries of one rank,
-    // and of one expert in the warp that writes the header (the only user of an entry's rank).
-    if (sends && warp == 0) rk = __popc(match_key_bits(e, match_key_width(E)) & below);  // within (this rank, expert)
-    const unsigned same_r = match_key_bits(r, match_key_width(W));    // entries for the same rank
+    // Two groupings (warp_match.cuh), not three matches with a key per lane outside the groups
+    // (MATCH.ANY's time grows with the distinct keys: 932 cycles against 379 for V3's token, session
+    // 35's probe): the entries of one rank, and of one expert in the warp that writes the header (the
+    // only user of an entry's rank). The token's lanes and the leads' ballot give the rest.
+    if (sends && warp == 0)  // rank within (this rank, expert)
+      rk = __popc(match_groups(e, match_key_width(E), n + 1) & below);
+    const unsigned same_r = match_groups(r, match_key_width(W), min(W, n) + 1);  // entries for the same rank
     lead = e >= 0 && (same_r & token_lanes(lu, K) & below) == 0;       // the token's first entry for rank r
     dst_peers = same_r & __ballot_sync(0xffffffffu, lead);             // the tokens sending to rank r
     j = lead ? __popc(dst_peers & below) : -1;                         // the token's message index at r

@@ -326,7 +326,7 @@ __device__ __forceinline__ int local_send_start(const CommParams& p, const Dispa
 }
 
 // Fused dispatch of at most 32 entries (m * K <= 32: decode at 1-4 tokens for top-8): every warp
-// loads all the indices itself and ranks them with one warp match (match_key_bits), so that no warp waits for
+// loads all the indices itself and ranks them with one warp match (match_groups), so that no warp waits for
 // shared memory or a block barrier before its store (the ranking measured 1.0 us of the 1-token
 // dispatch with them). Same ranks and rows as local_dispatch_small: rank = entries of the same
 // expert earlier in entry order; packed, the expert's first row is the sum of the aligned counts of
@@ -345,7 +345,7 @@ __device__ void local_dispatch_tiny(const CommParams& p, const DispatchIO& io, i
   int4 pre[U] = {};
   float pre_sc[kScaleRegs] = {};
   if (u.gw < u.units) u.load(p, io, u.gw, pre, pre_sc);
-  const unsigned peers = match_key_bits(e, match_key_width(E));  // ballots, not MATCH.ANY (device_common.cuh)
+  const unsigned peers = match_groups(e, match_key_width(E), n + 1);  // warp_match.cuh
   const unsigned below = peers & ((1u << lane) - 1u);
   const int rk = __popc(below);
   const bool lead = e >= 0 && below == 0;  // the first entry of its expert
@@ -410,7 +410,7 @@ __device__ void local_dispatch_tiny_roles(const CommParams& p, const DispatchIO&
   if (scale_first) load_token_scales(io, small_div(u.gw - u.units, u.kmul), ns, lane, pre_sc);
   const bool map_warp = u.gw == total - 1;
   const float wt = map_warp && p.weights_at_dispatch && lane < n ? __ldg(io.topk_weights + lane) : 0.f;
-  const unsigned peers = match_key_bits(e, match_key_width(E));  // ballots, not MATCH.ANY (device_common.cuh)
+  const unsigned peers = match_groups(e, match_key_width(E), n + 1);  // warp_match.cuh
   const unsigned below = peers & ((1u << lane) - 1u);
   const int rk = __popc(below);
   const bool lead = e >= 0 && below == 0;  // the first entry of its expert
@@ -584,7 +584,7 @@ __device__ void local_dispatch_scan(const CommParams& p, const DispatchIO& io, i
 // passes between blocks. The rank of entry i within its expert is its position among the entries
 // of that expert in entry order (deterministic: every block computes the same row):
 //   1. warp w < R takes a contiguous range of 32-entry chunks and, chunk by chunk, gives each entry
-//      its rank within the warp's range so far (match_key_bits groups the equal experts of a chunk);
+//      its rank within the warp's range so far (match_groups groups the equal experts of a chunk);
 //   2. one thread per expert turns the R per-warp counts into each warp's base and the total
 //      (skipped with one ranking warp, m * K <= 64: its counts are the totals);
 //   3. rank = base of its warp + rank within the warp, computed where a row is needed.
@@ -642,7 +642,7 @@ __device__ void local_dispatch_small(const CommParams& p, const DispatchIO& io, 
   }
 
   if (warp < R) {
-    const int ebits = match_key_width(E);  // the chunks' groups by ballots, not MATCH.ANY (device_common.cuh)
+    const int ebits = match_key_width(E);  // a chunk's groups (warp_match.cuh): up to 33 distinct keys
     for (int x = lane; x < E; x += kWarpSize) wc[x] = 0;
     __syncwarp();
     for (int c = c0; c < c1; c += kHistUnroll) {
@@ -651,7 +651,7 @@ __device__ void local_dispatch_small(const CommParams& p, const DispatchIO& io, 
       for (int q = 0; q < kHistUnroll; ++q) {
         if (c + q >= c1) break;  // uniform over the warp
         const int e = ex[q], i = (c + q) * kWarpSize + lane;
-        const unsigned peers = match_key_bits(e, ebits);
+        const unsigned peers = match_groups(e, ebits, kWarpSize + 1);
         const int before = __popc(peers & ((1u << lane) - 1u));
         const int lr = e >= 0 ? wc[e] + before : -1;
         __syncwarp();

@@ -7,15 +7,11 @@
 namespace epkit::kernels {
 
 // __match_any_sync(0xffffffff, key) for keys in [0, 2^bits), from one ballot per bit: lane i is in
-// lane l's mask when every bit of their keys agrees. A negative key matches only its own lane (the
-// library's callers ignore such lanes' masks). bits <= 12 covers any expert (kMaxExperts = 4096)
-// and any rank (kMaxWorldSize = 1024; config.cpp). Every lane of the warp must call it, with the
-// same bits.
-// Why not MATCH.ANY: its time grows with the number of distinct keys in the warp (session 35's probe,
-// bench/results/ab-w1-s35/match_probe.cu, one H100: 156 cycles for 9 distinct keys, 387 for 33),
-// and the ballots' does not. Four ballots a pass, independent of each other (one per pass, rolled,
-// was about 40 cycles a bit: each waited for the last; all twelve unrolled cost what a key of a
-// few bits does not need). docs/perf-notes/2026-12-06-ballot-matches-s35.md has what it gave.
+// lane l's mask when every bit of their keys agrees. A negative key matches only its own lane.
+// bits <= 12 covers any expert (kMaxExperts = 4096) and any rank (kMaxWorldSize = 1024;
+// config.cpp). Every lane of the warp must call it, with the same bits. Four ballots a pass,
+// independent of each other: one ballot a pass in a rolled loop was about 40 cycles a bit (each
+// waited for the last), all twelve unrolled cost what a key of a few bits does not need.
 __device__ __forceinline__ unsigned match_key_bits(int key, int bits) {
   unsigned m = __ballot_sync(0xffffffffu, key >= 0);
 #pragma unroll 1
@@ -29,6 +25,19 @@ __device__ __forceinline__ unsigned match_key_bits(int key, int bits) {
     }
   }
   return key >= 0 ? m : 1u << (threadIdx.x % 32);
+}
+
+// The lanes holding the same key as this one, keys in [0, 2^bits) or negative (the masks of lanes
+// with a negative key are not defined: the callers ignore them), by whichever of MATCH.ANY and
+// match_key_bits is faster when the warp holds at most `distinct` distinct keys (negative keys
+// counted as one; warp-uniform, like bits). MATCH.ANY's time grows with the distinct keys, about 10
+// cycles each; match_key_bits' with the bits, about 60 cycles per pass of four. Session 35's probe
+// (bench/results/ab-w1-s35/match_probe.cu, one H100, cycles per call with ~70 of loop around it):
+// experts of one V3 token (9 keys) 156 against 191, of four tokens (33 keys) 376 against 191; ranks at
+// W = 1 (2 keys) 89 against 72, at W = 32 (33 keys) 298 against 201. This rule picks the faster one
+// in each of the probe's shapes. docs/perf-notes/2026-12-06-warp-matches-s35.md has the kernels' A/Bs.
+__device__ __forceinline__ unsigned match_groups(int key, int bits, int distinct) {
+  return distinct < 6 * ((bits + 3) / 4) ? __match_any_sync(0xffffffffu, key) : match_key_bits(key, bits);
 }
 
 // The bits match_key_bits needs for keys in [0, n).

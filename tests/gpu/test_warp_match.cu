@@ -1,4 +1,4 @@
-// match_key_bits (src/kernels/warp_match.cuh) against __match_any_sync, and token_lanes: one process,
+// match_key_bits and match_groups (src/kernels/warp_match.cuh) against __match_any_sync, and token_lanes: one process,
 // one GPU, no launcher. Fresh random keys every run (seed printed), outputs poisoned, exact
 // comparison. Exits 77 (ctest: skipped) with a loud message where there is no GPU.
 #include <gtest/gtest.h>
@@ -12,6 +12,7 @@
 
 namespace {
 
+using epkit::kernels::match_groups;
 using epkit::kernels::match_key_bits;
 using epkit::kernels::match_key_width;
 using epkit::kernels::token_lanes;
@@ -19,11 +20,13 @@ using epkit::kernels::token_lanes;
 constexpr int kWarpsPerCase = 8;  // independent warps (key sets) per launch
 
 // Warp w: keys[w * 32 + lane] -> the two masks of every lane.
-__global__ void match_kernel(const int* keys, int bits, unsigned* ballot_mask, unsigned* match_mask) {
+__global__ void match_kernel(const int* keys, int bits, int distinct, unsigned* ballot_mask, unsigned* match_mask,
+                             unsigned* group_mask) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   const int key = keys[i];
   ballot_mask[i] = match_key_bits(key, bits);
   match_mask[i] = __match_any_sync(0xffffffffu, key);
+  group_mask[i] = match_groups(key, bits, distinct);
 }
 
 __global__ void width_kernel(const int* n, int* out, int count) {
@@ -57,16 +60,17 @@ uint64_t seed() {
 // repeats, some lanes negative (masked entries). For a lane with a key >= 0 the masks must be equal;
 // a negative key's mask is its own lane only (MATCH.ANY would group the negative lanes together,
 // which the callers never read).
-TEST(WarpMatch, BallotsGiveTheMatchMasks) {
+TEST(WarpMatch, BallotsAndGroupsGiveTheMatchMasks) {
   std::mt19937_64 rng(seed());
   const int n = kWarpsPerCase * 32;
   int* d_keys;
-  unsigned *d_b, *d_m;
+  unsigned *d_b, *d_m, *d_g;
+  CUDA_OK(cudaMalloc(&d_g, n * sizeof(unsigned)));
   CUDA_OK(cudaMalloc(&d_keys, n * sizeof(int)));
   CUDA_OK(cudaMalloc(&d_b, n * sizeof(unsigned)));
   CUDA_OK(cudaMalloc(&d_m, n * sizeof(unsigned)));
   std::vector<int> keys(n);
-  std::vector<unsigned> b(n), m(n);
+  std::vector<unsigned> b(n), m(n), g(n);
   for (int bits = 0; bits <= 12; ++bits) {
     for (int trial = 0; trial < 40; ++trial) {
       const int range = 1 << bits;
@@ -80,18 +84,28 @@ TEST(WarpMatch, BallotsGiveTheMatchMasks) {
       CUDA_OK(cudaMemcpy(d_keys, keys.data(), n * sizeof(int), cudaMemcpyHostToDevice));
       CUDA_OK(cudaMemset(d_b, 0xa5, n * sizeof(unsigned)));  // poisoned
       CUDA_OK(cudaMemset(d_m, 0x5a, n * sizeof(unsigned)));
-      match_kernel<<<kWarpsPerCase, 32>>>(d_keys, bits, d_b, d_m);
+      CUDA_OK(cudaMemset(d_g, 0x3c, n * sizeof(unsigned)));
+      // match_groups' choice depends on distinct (a hint, not a bound it checks): both branches
+      const int distinct = static_cast<int>(rng() % 40);
+      match_kernel<<<kWarpsPerCase, 32>>>(d_keys, bits, distinct, d_b, d_m, d_g);
       CUDA_OK(cudaGetLastError());
       CUDA_OK(cudaMemcpy(b.data(), d_b, n * sizeof(unsigned), cudaMemcpyDeviceToHost));
       CUDA_OK(cudaMemcpy(m.data(), d_m, n * sizeof(unsigned), cudaMemcpyDeviceToHost));
+      CUDA_OK(cudaMemcpy(g.data(), d_g, n * sizeof(unsigned), cudaMemcpyDeviceToHost));
       for (int i = 0; i < n; ++i) {
         const unsigned want = keys[i] >= 0 ? m[i] : 1u << (i % 32);
         ASSERT_EQ(b[i], want) << "bits " << bits << " trial " << trial << " lane " << i % 32 << " of warp "
                               << i / 32 << " key " << keys[i];
+        // match_groups: the match's mask for a key >= 0; for a negative key at least its own lane
+        if (keys[i] >= 0)
+          ASSERT_EQ(g[i], m[i]) << "match_groups, bits " << bits << " distinct " << distinct << " lane " << i % 32;
+        else
+          ASSERT_TRUE((g[i] >> (i % 32)) & 1u) << "match_groups, negative key, lane " << i % 32;
       }
     }
   }
   cudaFree(d_keys);
+  cudaFree(d_g);
   cudaFree(d_b);
   cudaFree(d_m);
 }
