@@ -104,9 +104,11 @@ __device__ __forceinline__ void prefetch_expert(uint32_t (&w)[2], const void* id
 // at two block barriers for the block's slowest warp, at decode the one storing a token's router
 // weights (two round trips and its stores), before its first partial's map load. (Until the rows
 // were dense, each warp also scanned the counts to find a message's source and index: the map load
-// waited for them. The row now says both.) msgs: lane s's num_msgs[s] (0 for lanes >= W), loaded by
-// the caller, which has other work to issue while the loads are in flight.
-__device__ __forceinline__ int warp_message_total(int msgs) { return __reduce_add_sync(0xffffffffu, msgs); }
+// waited for them. The row now says both.)
+__device__ __forceinline__ int warp_message_total(const CommParams& p) {
+  const int lane = threadIdx.x % kWarpSize;
+  return __reduce_add_sync(0xffffffffu, lane < p.world_size ? p.num_msgs[lane] : 0);
+}
 
 constexpr int kUnroll = 4;                          // 8-element chunks per lane per slice
 constexpr int kSliceChunks = kWarpSize * kUnroll;   // 1024 elements: kSliceBytes of 16-bit output
@@ -406,18 +408,26 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
         guess.row = div_by_mul(gq, nsc, p.combine_slices_mul);
         guess.r = load_msg_row(p, guess.row);
       }
-      // The message count: its loads go out first, the prefetch runs while they are in flight.
-      const int msgs = lane < W ? p.num_msgs[lane] : 0;
-      if (kDecode && prefetch) {  // the warp's first token-side unit, as recv_partials takes it
+      const int total = warp_message_total(p);
+      // Only where a warp's partials are its own (G = 1: at decode a token-side unit then reads the
+      // slice its own warp just stored). With groups of four (1-4 tokens) the token side waits for
+      // the group's other warps anyway, and the prefetch's instructions before the first partial
+      // cost 0.1 us there (session 37, call 1).
+      // Every lane states whether it prefetched (recv_partials reads its q in every fused call).
+      if (kDecode && prefetch) {
         TokenPrefetchSmem& pf = token_prefetch_smem();
         const int units = m * nsc, gw = blockIdx.x * kWarps + warp;
-        const int q0 = units <= nw ? warp * gridDim.x + blockIdx.x : gw;
-        pf.q[warp][lane] = q0 < units && lane < K ? q0 : -1;
-        if (q0 < units && lane < K)
+        const int q0 = units <= nw ? warp * gridDim.x + blockIdx.x : gw;  // the warp's first token-side unit
+#ifdef EPKIT_AB_PREFETCH_ALWAYS
+        const bool take = q0 < units && lane < K;
+#else
+        const bool take = combine_send_group(static_cast<int64_t>(total) * nsc, nw) == 1 && q0 < units && lane < K;
+#endif
+        pf.q[warp][lane] = take ? q0 : -1;
+        if (take)
           prefetch_expert(pf.w[warp][lane], io.topk_idx, io.idx_type,
                           static_cast<int64_t>(div_by_mul(q0, nsc, p.combine_slices_mul)) * K + lane);
       }
-      const int total = warp_message_total(msgs);
       EPKIT_STAGE(p, kStWeightsArrived);
       send_partials_grouped<Tin, Tout, true>(p, io, seq, sm, flags, total * nsc, total, guess);
       return;
@@ -484,15 +494,22 @@ __device__ __forceinline__ void recv_partials(const CommParams& p, const Combine
 
   for (int q = q0; q < m * nsc; q += nw) {
     const int t = div_by_mul(q, nsc, p.combine_slices_mul), sl = q - t * nsc;
-    ExpertWord ew = no_expert_word();
-    if (kPrefetch && prefetched && q == token_prefetch_smem().q[warp][lane]) {  // lane < K: combine_send's copy
-      asm volatile("cp.async.wait_all;" ::: "memory");
-      const uint32_t* w = token_prefetch_smem().w[warp][lane];
-      ew.lo = w[0], ew.hi = io.idx_type == kIdxInt64 ? w[1] : 0u;
-    } else if (lane < K) {
-      ew = load_expert(io.topk_idx, io.idx_type, static_cast<int64_t>(t) * K + lane);
+    int e = -1;
+    if constexpr (kPrefetch) {
+      ExpertWord ew = no_expert_word();
+      if (prefetched && q == token_prefetch_smem().q[warp][lane]) {  // lane < K: combine_send's copy
+        asm volatile("cp.async.wait_all;" ::: "memory");
+        const uint32_t* w = token_prefetch_smem().w[warp][lane];
+        ew.lo = w[0], ew.hi = io.idx_type == kIdxInt64 ? w[1] : 0u;
+      } else if (lane < K) {
+        ew = load_expert(io.topk_idx, io.idx_type, static_cast<int64_t>(t) * K + lane);
+      }
+      if (lane < K) e = decode_expert(p, ew, io.idx_type, kPhaseCombineRecv, t, seq, false);
+    } else {
+      e = lane < K ? read_expert(p, io.topk_idx, io.idx_type, static_cast<int64_t>(t) * K + lane, kPhaseCombineRecv, t,
+                                 seq, false)
+                   : -1;
     }
-    const int e = lane < K ? decode_expert(p, ew, io.idx_type, kPhaseCombineRecv, t, seq, false) : -1;
     const int r = e >= 0 ? expert_rank(e, p.rank_div) : -1;
     const unsigned same = match_groups(r, match_key_width(p.world_size), min(p.world_size, K) + 1);  // warp_match.cuh
     const bool first = e >= 0 && (same & ((1u << lane) - 1)) == 0;

@@ -490,27 +490,8 @@ __device__ SendDone dispatch_send_decode(const CommParams& p, const DispatchIO& 
   // Every own entry, one per lane (n_own * K <= 32: dispatch_decode_kernel).
   const int n = n_own * K;
   const int lu = small_div(lane, p.topk_mul), lk = lane - lu * K;
-  const ExpertWord ew = lane < n ? load_expert(io.topk_idx, io.idx_type, static_cast<int64_t>(lu * D + gi) * K + lk)
-                                 : no_expert_word();
-  // A slice warp's slice of its token, issued right behind the index load, before anything waits
-  // for that load: loaded after the matches, its round trip came after theirs on the sender's chain
-  // (stamps, V3 1 token: matches 1.17 -> slices stored 1.83 us, session 35). Sessions 27 and 31
-  // measured it issued before the index load (nothing, graph +0.1 to +0.3): the index then waited
-  // behind the slice.
-  const bool slice_warp = sends && warp < nsd;
-  const int t_own = ui * D + gi;
-  const float* src_scale = slice_warp && io.x_scale ? io.x_scale + static_cast<size_t>(t_own) * p.num_scales : nullptr;
-  int4 v[kUnroll];
-  float scv[kScaleRegs];
-  // Slice 0's warp also carries the token's router weights in the header (weights_at_dispatch):
-  // lane k's weight, loaded here for the same reason.
-  const int32_t wbits = slice_warp && warp == 0 && io.topk_weights && lane < K
-                            ? __float_as_int(__ldg(io.topk_weights + static_cast<size_t>(t_own) * K + lane))
-                            : -1;
-#ifndef EPKIT_AB_NO_EARLY_SLICE
-  if (slice_warp) load_own_slice(p, io, t_own, warp, lane, src_scale, v, scv);
-#endif
-  const int e = lane < n ? decode_expert(p, ew, io.idx_type, kPhaseDispatchSend, lu * D + gi, seq, counter && cw == 0)
+  const int e = lane < n ? read_expert(p, io.topk_idx, io.idx_type, static_cast<int64_t>(lu * D + gi) * K + lk,
+                                       kPhaseDispatchSend, lu * D + gi, seq, counter && cw == 0)
                          : -1;
   EPKIT_STAGE_AFTER(p, kStTopkLoaded, e);  // the index is back (session 33: where V3's sender lags)
   const int r = e >= 0 ? expert_rank(e, p.rank_div) : -1;
@@ -538,25 +519,25 @@ __device__ SendDone dispatch_send_decode(const CommParams& p, const DispatchIO& 
   }
   EPKIT_STAGE(p, kStHistogramDone);
 
-  if (slice_warp) {  // slice `warp` of own token ui, to every rank it goes to
-    const int sl = warp, t = t_own, base = ui * K;
+  if (sends && warp < nsd) {  // slice `warp` of own token ui, to every rank it goes to
+    const int sl = warp, t = ui * D + gi, base = ui * K;
     const unsigned dmask = __ballot_sync(0xffffffffu, lead && lu == ui);
-#ifdef EPKIT_AB_NO_EARLY_SLICE
+    int4 v[kUnroll];
+    float scv[kScaleRegs];
+    const float* src_scale = io.x_scale ? io.x_scale + static_cast<size_t>(t) * p.num_scales : nullptr;
     load_own_slice(p, io, t, sl, lane, src_scale, v, scv);
-#endif
     const int hdr_words = p.header_bytes / 4;  // <= 64 (kMaxTopK)
     int32_t hw0 = 0, hw1 = 0;
     if (sl == 0) {
       // Word wd of the header (header_word): entry k's expert and rank from lane base + k.
       const auto word = [&](int wd) -> int32_t {
         const int k = wd >= 4 && wd < 4 + 2 * K ? (wd - 4) / 2 : 0;
-        const int kw = wd - 4 - 2 * K;
         const int ek = __shfl_sync(0xffffffffu, e, base + k), rkk = __shfl_sync(0xffffffffu, rk, base + k);
-        const int wk = __shfl_sync(0xffffffffu, wbits, kw >= 0 && kw < K ? kw : 0);
         if (wd == 0) return t;
         if (wd < 4) return 0;
         if (wd < 4 + 2 * K) return ((wd - 4) & 1) ? rkk : ek;
-        return kw < K ? wk : -1;  // -1 also without topk_weights (wbits)
+        const int kw = wd - 4 - 2 * K;
+        return io.topk_weights && kw < K ? __float_as_int(io.topk_weights[static_cast<size_t>(t) * K + kw]) : -1;
       };
       hw0 = word(lane);  // every lane runs the shuffles; lanes past the header store nothing
       hw1 = word(lane + 32);
