@@ -67,37 +67,6 @@ struct RowGuess {
   MsgRow r{};
 };
 
-// The token side's first expert indices, prefetched by the decode kernel's fused calls at the start
-// of the warp's partials (combine_send), so that the token side, which starts after the warp's
-// partial, finds them in shared memory instead of loading them then: one round trip fewer after
-// the partial at every world size (the indices are the rank's own input). Loaded into registers
-// before the kernel's first partial (session 34, `14c7d09`), the same load put its parameter chain
-// in front of the expert side on every warp and gained nothing; held in registers across the
-// partials here it spilled, and the spill's store waited for the load. So the copy is an
-// asynchronous one (cp.async, global to shared, no register), behind the row guess's and the
-// message count's loads, and the token side waits for it (cp.async.wait_all) only when it gets
-// there. q: the lane's first token-side unit (recv_partials' q0) whose indices w holds, else -1.
-struct alignas(16) TokenPrefetchSmem {  // 8-byte cp.async destinations
-  uint32_t w[kWarps][kWarpSize][2];  // lane's ExpertWord (lo, hi)
-  int q[kWarps][kWarpSize];
-};
-__device__ __forceinline__ TokenPrefetchSmem& token_prefetch_smem() {
-  __shared__ TokenPrefetchSmem s;
-  return s;
-}
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-// Entry i of topk_idx (load_expert's words) into w, asynchronously: 8 bytes for int64 indices, else 4.
-__device__ __forceinline__ void prefetch_expert(uint32_t (&w)[2], const void* idx, int32_t type, int64_t i) {
-  const uint32_t* src = static_cast<const uint32_t*>(idx);
-  if (type == kIdxInt64)
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(smem_addr(w)), "l"(src + 2 * i));
-  else
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(smem_addr(w)), "l"(src + i));
-  asm volatile("cp.async.commit_group;");
-}
-
 // The received messages' count, for the small P2P variant of an object of at most 32 ranks: lane s
 // loads the messages of source s (num_msgs, written by dispatch_recv) and the warp adds them, with
 // no shared memory and no block barrier. With the block's prefix in shared memory, every warp waited
@@ -339,7 +308,7 @@ __device__ __forceinline__ void send_partials_grouped(const CommParams& p, const
 // kDecode: the small P2P variant's decode kernel (combine_decode_kernel): at most kDecodeMaxRanks
 // ranks, so the warp-index path only.
 template <typename Tin, typename Tout, bool kLarge, bool kP2P, bool kDecode>
-__device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t seq, int* smem, bool prefetch) {
+__device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t seq, int* smem) {
   const int W = p.world_size, K = p.topk, D = p.dp_size, S = p.max_msgs_per_src;
   const int me = p.rank, gi = p.group_index, nsc = p.combine_slices;
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
@@ -409,25 +378,6 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
         guess.r = load_msg_row(p, guess.row);
       }
       const int total = warp_message_total(p);
-      // Only where a warp's partials are its own (G = 1: at decode a token-side unit then reads the
-      // slice its own warp just stored). With groups of four (1-4 tokens) the token side waits for
-      // the group's other warps anyway, and the prefetch's instructions before the first partial
-      // cost 0.1 us there (session 37, call 1).
-      // Every lane states whether it prefetched (recv_partials reads its q in every fused call).
-      if (kDecode && prefetch) {
-        TokenPrefetchSmem& pf = token_prefetch_smem();
-        const int units = m * nsc, gw = blockIdx.x * kWarps + warp;
-        const int q0 = units <= nw ? warp * gridDim.x + blockIdx.x : gw;  // the warp's first token-side unit
-#ifdef EPKIT_AB_PREFETCH_ALWAYS
-        const bool take = q0 < units && lane < K;
-#else
-        const bool take = combine_send_group(static_cast<int64_t>(total) * nsc, nw) == 1 && q0 < units && lane < K;
-#endif
-        pf.q[warp][lane] = take ? q0 : -1;
-        if (take)
-          prefetch_expert(pf.w[warp][lane], io.topk_idx, io.idx_type,
-                          static_cast<int64_t>(div_by_mul(q0, nsc, p.combine_slices_mul)) * K + lane);
-      }
       EPKIT_STAGE(p, kStWeightsArrived);
       send_partials_grouped<Tin, Tout, true>(p, io, seq, sm, flags, total * nsc, total, guess);
       return;
@@ -473,11 +423,8 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
 // kTagged (tagged partials, layout.hpp): it reads each rank's words as they land, one rank at a time
 // (both ranks' tagged words in flight at once spilled 500 bytes); a lane whose chunks have not all
 // landed loads them all again until one round has them all, and sums that round's words.
-// kPrefetch: the decode kernel, whose fused calls may have prefetched the first unit's indices
-// (prefetched, TokenPrefetchSmem).
-template <typename Tout, bool kTagged, bool kPrefetch = false>
-__device__ __forceinline__ void recv_partials(const CommParams& p, const CombineIO& io, uint64_t seq, int m,
-                                              bool prefetched) {
+template <typename Tout, bool kTagged>
+__device__ __forceinline__ void recv_partials(const CommParams& p, const CombineIO& io, uint64_t seq, int m) {
   const int K = p.topk, M = p.max_tokens, H = p.hidden;
   const int nsc = p.combine_slices;
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
@@ -494,22 +441,9 @@ __device__ __forceinline__ void recv_partials(const CommParams& p, const Combine
 
   for (int q = q0; q < m * nsc; q += nw) {
     const int t = div_by_mul(q, nsc, p.combine_slices_mul), sl = q - t * nsc;
-    int e = -1;
-    if constexpr (kPrefetch) {
-      ExpertWord ew = no_expert_word();
-      if (prefetched && q == token_prefetch_smem().q[warp][lane]) {  // lane < K: combine_send's copy
-        asm volatile("cp.async.wait_all;" ::: "memory");
-        const uint32_t* w = token_prefetch_smem().w[warp][lane];
-        ew.lo = w[0], ew.hi = io.idx_type == kIdxInt64 ? w[1] : 0u;
-      } else if (lane < K) {
-        ew = load_expert(io.topk_idx, io.idx_type, static_cast<int64_t>(t) * K + lane);
-      }
-      if (lane < K) e = decode_expert(p, ew, io.idx_type, kPhaseCombineRecv, t, seq, false);
-    } else {
-      e = lane < K ? read_expert(p, io.topk_idx, io.idx_type, static_cast<int64_t>(t) * K + lane, kPhaseCombineRecv, t,
-                                 seq, false)
-                   : -1;
-    }
+    const int e = lane < K ? read_expert(p, io.topk_idx, io.idx_type, static_cast<int64_t>(t) * K + lane,
+                                         kPhaseCombineRecv, t, seq, false)
+                           : -1;
     const int r = e >= 0 ? expert_rank(e, p.rank_div) : -1;
     const unsigned same = match_groups(r, match_key_width(p.world_size), min(p.world_size, K) + 1);  // warp_match.cuh
     const bool first = e >= 0 && (same & ((1u << lane) - 1)) == 0;
@@ -609,16 +543,15 @@ __device__ __forceinline__ void recv_partials(const CommParams& p, const Combine
 }
 
 // kTaggable: the small P2P variant, the only one an object with tagged partials runs; kTagged: its
-// decode kernel, whose objects all have them. prefetched: combine_send prefetched the token side's
-// first indices (the decode kernel's fused calls, TokenPrefetchSmem).
+// decode kernel, whose objects all have them.
 template <typename Tout, bool kTaggable, bool kTagged>
-__device__ void combine_recv(const CommParams& p, const CombineIO& io, uint64_t seq, bool prefetched) {
+__device__ void combine_recv(const CommParams& p, const CombineIO& io, uint64_t seq) {
   static_assert(!kTagged || kTaggable, "tagged partials: the small P2P variant only");
   const int m = resolve_num_tokens(p, io.m, kPhaseCombineRecv, seq, false);
   if (kTagged || (kTaggable && p.tagged_partials))
-    recv_partials<Tout, true, kTagged>(p, io, seq, m, prefetched);
+    recv_partials<Tout, true>(p, io, seq, m);
   else
-    recv_partials<Tout, false>(p, io, seq, m, false);
+    recv_partials<Tout, false>(p, io, seq, m);
 
   EPKIT_STAGE(p, kStTokensSummed);
 }
@@ -689,16 +622,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (do_recv) advance_layer(p, seq);
   }
   static_assert(!kDecode || (!kLarge && kP2P), "the decode kernel: the small P2P variant only");
-  // The decode kernel's fused calls: the token side's first indices loaded by combine_send.
-#ifdef EPKIT_AB_NO_TOKEN_PREFETCH
-  const bool prefetch = false;
-#else
-  const bool prefetch = kDecode && do_send && do_recv;
-#endif
-  if (do_send) combine_send<Tin, Tout, kLarge, kP2P, kDecode>(p, io, seq, smem, prefetch);
+  if (do_send) combine_send<Tin, Tout, kLarge, kP2P, kDecode>(p, io, seq, smem);
   EPKIT_STAGE(p, kStPartialsSent);
   if (do_recv) {
-    combine_recv<Tout, !kLarge && kP2P, kDecode>(p, io, seq, prefetch);
+    combine_recv<Tout, !kLarge && kP2P, kDecode>(p, io, seq);
     if (tail_warp) wait_barrier(p, seq);
   }
   EPKIT_STAGE_EXIT(p, kStCombineExit);
