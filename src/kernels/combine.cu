@@ -308,7 +308,7 @@ __device__ __forceinline__ void send_partials_grouped(const CommParams& p, const
 // kDecode: the small P2P variant's decode kernel (combine_decode_kernel): at most kDecodeMaxRanks
 // ranks, so the warp-index path only.
 template <typename Tin, typename Tout, bool kLarge, bool kP2P, bool kDecode>
-__device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t seq, int* smem) {
+__device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t seq, int m, int* smem) {
   const int W = p.world_size, K = p.topk, D = p.dp_size, S = p.max_msgs_per_src;
   const int me = p.rank, gi = p.group_index, nsc = p.combine_slices;
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
@@ -319,8 +319,6 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
   // Router weights of our own tokens to every rank we dispatched them to, into the same slot, as
   // tagged words (device_common.cuh): a P2P receiver reads each as it lands, with no counter and no
   // release; a portable one after its put's signal.
-  // Reported by dispatch_send only: one bad m is one error, not one per kernel of the layer.
-  const int m = resolve_num_tokens(p, io.m, kPhaseCombineSend, seq, false);
   const int n_own = p.weights_at_dispatch ? 0 : num_own_tokens(p, m);  // dispatch carried the weights
   // Whether the layer was aborted (an error recorded by a wait that ran out), read by thread 0 now
   // and shared at the barrier before the partials: read there, its load was one more round trip
@@ -328,7 +326,7 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
   // (The warp-index path below needs none.) warp_index is block-uniform.
   static_assert(kDecodeMaxRanks <= kWarpSize, "warp_message_total: one rank per lane");
   const bool warp_index = kDecode || (!kLarge && kP2P && W <= kWarpSize);  // a constant in the decode kernel
-  const bool aborted_early = !warp_index && threadIdx.x == 0 && is_aborted(p);
+  const int32_t abort_early = !warp_index && threadIdx.x == 0 ? abort_word(p) : 0;  // tested at the barrier (abort_word)
   // One warp per own token, every block's second-to-last warp first (block by block), then the
   // warps below it (and the last warp, after warp 0): the partials and the token side start from
   // warp 0 and the layer tail's loads are the last warp's, so at decode the warp that sends a
@@ -404,7 +402,7 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
     sm.msg_off[W + 1] = most;
   }
   // Block-uniform (send_partials' groups meet at named barriers, so no warp may leave alone).
-  const bool aborted = __syncthreads_or(aborted_early);
+  const bool aborted = __syncthreads_or(abort_early != 0);
   EPKIT_STAGE(p, kStWeightsArrived);
   if (aborted) return;
 
@@ -445,6 +443,7 @@ __device__ __forceinline__ void recv_partials(const CommParams& p, const Combine
                                          kPhaseCombineRecv, t, seq, false)
                            : -1;
     const int r = e >= 0 ? expert_rank(e, p.rank_div) : -1;
+    EPKIT_STAGE_BY(p, kStDetIdxLoaded, 0, e);
     const unsigned same = match_groups(r, match_key_width(p.world_size), min(p.world_size, K) + 1);  // warp_match.cuh
     const bool first = e >= 0 && (same & ((1u << lane) - 1)) == 0;
     bool ok = true;
@@ -472,7 +471,8 @@ __device__ __forceinline__ void recv_partials(const CommParams& p, const Combine
         // earlier rank does not wait again.
         TaggedChunk tc[kUnroll];
         uint64_t start = 0;
-        for (uint32_t spins = 0;; ++spins) {
+        uint32_t spins = 0;
+        for (;; ++spins) {
 #pragma unroll
           for (int qq = 0; qq < kUnroll; ++qq)
             if (qq < n) tc[qq].load(row + static_cast<size_t>(qq) * kWarpSize * 32);
@@ -480,6 +480,7 @@ __device__ __forceinline__ void recv_partials(const CommParams& p, const Combine
 #pragma unroll
           for (int qq = 0; qq < kUnroll; ++qq)
             if (qq < n) ready = ready && tc[qq].ready(seq);
+          if (spins == 0) EPKIT_STAGE_BY(p, kStDetFirstRound, 0, ready);
           if (ready || !ok) break;
           if (spins == 0) {
             start = global_timer_ns();
@@ -490,6 +491,7 @@ __device__ __forceinline__ void recv_partials(const CommParams& p, const Combine
             break;
           }
         }
+        EPKIT_STAGE_BY(p, kStDetReadyRound, 0, static_cast<int>(spins));
 #pragma unroll
         for (int qq = 0; qq < kUnroll; ++qq) {
           if (qq >= n) continue;
@@ -545,9 +547,8 @@ __device__ __forceinline__ void recv_partials(const CommParams& p, const Combine
 // kTaggable: the small P2P variant, the only one an object with tagged partials runs; kTagged: its
 // decode kernel, whose objects all have them.
 template <typename Tout, bool kTaggable, bool kTagged>
-__device__ void combine_recv(const CommParams& p, const CombineIO& io, uint64_t seq) {
+__device__ void combine_recv(const CommParams& p, const CombineIO& io, uint64_t seq, int m) {
   static_assert(!kTagged || kTaggable, "tagged partials: the small P2P variant only");
-  const int m = resolve_num_tokens(p, io.m, kPhaseCombineRecv, seq, false);
   if (kTagged || (kTaggable && p.tagged_partials))
     recv_partials<Tout, true>(p, io, seq, m);
   else
@@ -616,16 +617,35 @@ __global__ void __launch_bounds__(kThreads, 1)
   wait_previous_kernel();
   // This call's seq, as dispatch_recv stored it (not waited for until used).
   const uint64_t seq = *reinterpret_cast<volatile uint64_t*>(&p.state->combine_seq);
+  // m (reported by dispatch_send only: one bad m is one error, not one per kernel of the layer).
+  // The decode kernel loads it once for both halves: with m on the device, its token side loaded it
+  // again after its partials, one more round trip on its chain. Kept in a register across the send
+  // half, it spilled (a stack frame, SASS, CUDA 13.0), so each warp keeps its copy in shared memory:
+  // every lane stores the same value and reads it back, so no lane waits for another. (The other
+  // kernels, where m's register spilled too, load it in each half.)
+  __shared__ int m_of_warp[kDecode ? kWarps : 1];
+  const int m = do_send ? resolve_num_tokens(p, io.m, kPhaseCombineSend, seq, false) : 0;
+  if (kDecode && do_send && do_recv) m_of_warp[threadIdx.x / kWarpSize] = m;
   const bool tail_warp = blockIdx.x == gridDim.x - 1 && threadIdx.x / kWarpSize == kWarps - 1;
   if (tail_warp) {
     if (do_send) raise_barrier<kP2P>(p, seq);
     if (do_recv) advance_layer(p, seq);
   }
   static_assert(!kDecode || (!kLarge && kP2P), "the decode kernel: the small P2P variant only");
-  if (do_send) combine_send<Tin, Tout, kLarge, kP2P, kDecode>(p, io, seq, smem);
+  if (do_send) combine_send<Tin, Tout, kLarge, kP2P, kDecode>(p, io, seq, m, smem);
   EPKIT_STAGE(p, kStPartialsSent);
+  EPKIT_STAGE_BY(p, kStDetPartial1, kWarpSize, 0);
+  EPKIT_STAGE_BY(p, kStDetPartial2, 2 * kWarpSize, 0);
+  EPKIT_STAGE_BY(p, kStDetPartial3, 3 * kWarpSize, 0);
   if (do_recv) {
-    combine_recv<Tout, !kLarge && kP2P, kDecode>(p, io, seq);
+#ifdef EPKIT_AB_M_TWICE  // A/B switch (session 38): m loaded again here, as before
+    constexpr bool kMOnce = false;
+#else
+    constexpr bool kMOnce = kDecode;
+#endif
+    const int mr = kMOnce && do_send ? reinterpret_cast<volatile int*>(m_of_warp)[threadIdx.x / kWarpSize]
+                                     : resolve_num_tokens(p, io.m, kPhaseCombineRecv, seq, false);
+    combine_recv<Tout, !kLarge && kP2P, kDecode>(p, io, seq, mr);
     if (tail_warp) wait_barrier(p, seq);
   }
   EPKIT_STAGE_EXIT(p, kStCombineExit);

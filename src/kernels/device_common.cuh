@@ -93,6 +93,15 @@ __device__ __forceinline__ void st16(void* p, int4 v) { *reinterpret_cast<int4*>
       (p).state->stage_ns[kStDispatchStart] = global_timer_ns();                                       \
     }                                                                                                  \
   } while (0)
+// Detail stamps (-DEPKIT_STAGE_DETAIL as well): by thread tid of the stamping block, once v (an int
+// the thread loaded) is in its register, as EPKIT_STAGE_AFTER.
+#ifdef EPKIT_STAGE_DETAIL
+#define EPKIT_STAGE_BY(p, stage, tid, v)                                                               \
+  do {                                                                                                 \
+    if (blockIdx.x == EPKIT_STAGE_BLOCK && threadIdx.x == static_cast<unsigned>(tid) && (v) != INT_MIN) \
+      (p).state->stage_ns[stage] = global_timer_ns();                                                  \
+  } while (0)
+#endif
 #else
 #define EPKIT_STAGE(p, stage) \
   do {                        \
@@ -105,6 +114,11 @@ __device__ __forceinline__ void st16(void* p, int4 v) { *reinterpret_cast<int4*>
   } while (0)
 #define EPKIT_STAGE_BEGIN(p) \
   do {                       \
+  } while (0)
+#endif
+#ifndef EPKIT_STAGE_BY
+#define EPKIT_STAGE_BY(p, stage, tid, v) \
+  do {                                   \
   } while (0)
 #endif
 
@@ -184,6 +198,13 @@ __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
 }
 __device__ __forceinline__ bool is_aborted(const CommParams& p) {
   return *reinterpret_cast<volatile int32_t*>(&p.state->aborted) != 0;
+}
+// The abort flag's word itself, for a look whose answer is needed only at a later barrier: test it
+// there (word != 0). Tested where it was loaded (is_aborted), the test sat in the load's basic
+// block and the thread waited out the round trip right there, before the work meant to hide it
+// (SASS, CUDA 13.0: dispatch_recv's thread 0, between the counts' barrier and its offsets).
+__device__ __forceinline__ int32_t abort_word(const CommParams& p) {
+  return *reinterpret_cast<volatile int32_t*>(&p.state->aborted);
 }
 
 // An error's code, phase, wait and peer in one word (peer + 1 in the high half: world_size <= 1024).

@@ -632,7 +632,11 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
   // (portable sources: after their put's signal).
   // Thread 0 reads the abort flag before the waits, not after them: after, its load was one more
   // round trip before the offsets. The waits are bounded and end early on an abort by themselves.
-  const bool aborted_early = threadIdx.x == 0 && is_aborted(p);
+#ifdef EPKIT_AB_ABORT_AT_LOAD  // A/B switch (session 38): the flag tested where it is loaded, as before
+  const bool abort_early = threadIdx.x == 0 && is_aborted(p);
+#else
+  const int32_t abort_early = threadIdx.x == 0 ? abort_word(p) : 0;  // tested at the barrier (abort_word)
+#endif
   bool ok = true;
   const uint64_t* counts = sym_at<uint64_t>(p, p.off_dispatch_counts);
   for (int i = threadIdx.x; i < W * (L + 1); i += blockDim.x) {
@@ -643,7 +647,9 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
     ok = ok && wait_tagged(p, counts + i, seq, v, kPhaseDispatchRecv, kWaitDispatchCounts, s);
     if (el < L) sm.cnt[s * L + el] = static_cast<int>(v); else sm.nmsg[s] = static_cast<int>(v);
   }
-  const bool stop = __syncthreads_or(!ok || aborted_early);
+  EPKIT_STAGE_BY(p, kStDetCountsWaited0, 0, ok);
+  EPKIT_STAGE_BY(p, kStDetCountsWaitedN, min(W * (L + 1), static_cast<int>(blockDim.x)) - 1, ok);
+  const bool stop = __syncthreads_or(!ok || abort_early != 0);
   EPKIT_STAGE(p, kStCountsArrived);
   // The layer's combine kernels read this call's seq from combine_seq, which leaves them free to
   // advance seq for the next call (combine.cu, advance_layer). Written even when the call stops.
@@ -655,7 +661,11 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
   // stamps, V3 1 token: offsets done 2.54 -> data arrived 2.84 us; session 37, call 1). An abort
   // raised in between is seen by every bounded wait after this one. Measured (call 2, 12 rounds,
   // one H100): graph -0.04 to -0.15 us per pair in every round at 1-4 tokens, event-timed -0.1.
-  const bool aborted_mid = threadIdx.x == 0 && is_aborted(p);
+#ifdef EPKIT_AB_ABORT_AT_LOAD
+  const bool abort_mid = threadIdx.x == 0 && is_aborted(p);
+#else
+  const int32_t abort_mid = threadIdx.x == 0 ? abort_word(p) : 0;
+#endif
   // combine_send waits for a portable source's weights_recv_ctr[s] >= weights_base[s]: the weight
   // rows of every call so far, this one's (one per message) included. Only this kernel reads or
   // writes it before then. P2P sources' weights are tagged words, whose target nobody reads: the
@@ -682,6 +692,7 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
         record_error(p, err_where(kErrCapacity, kPhaseDispatchRecv, kWaitNone, -1), me * L + el, -1, acc, cap, seq);
     }
   }
+  EPKIT_STAGE_BY(p, kStDetOffsetsLoop, 0, 0);
   if (packed) {  // every block needs every expert's first row (out of line: masked calls skip it)
     __syncthreads();
     int* first = packed_first(sm, W);
@@ -701,6 +712,7 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
     }
     sm.msg_off[W] = acc;
   }
+  EPKIT_STAGE_BY(p, kStDetMsgOffsets, 0, 0);
   if (blockIdx.x == 0)
     for (int s = threadIdx.x; s < W; s += blockDim.x) p.num_msgs[s] = sm.nmsg[s];
   EPKIT_STAGE(p, kStOffsetsDone);
@@ -719,8 +731,9 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
       ok &= wait_flag(p, recv_ctr + s, (s == my_src ? my_base : p.recv_base[s]) +
                       static_cast<uint64_t>(sm.nmsg[s]) * nsd, Cmp::kGe,
                       kPhaseDispatchRecv, kWaitDispatchData, s, -1, seq);
+  EPKIT_STAGE_BY(p, kStDetDataWaited, kThreads - 1, ok);
   // Also the copy below must not start on a source whose data never came (its headers would be garbage).
-  const bool stop_data = __syncthreads_or(!ok || aborted_mid);
+  const bool stop_data = __syncthreads_or(!ok || abort_mid != 0);
   EPKIT_STAGE(p, kStDataArrived);
   if (stop_data) return;
 

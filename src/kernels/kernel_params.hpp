@@ -44,7 +44,12 @@ enum Stage : int32_t {
   kStDispatchStart = 0, kStTopkLoaded, kStHistogramDone, kStCountsWritten, kStSendDone, kStCountsArrived,
   kStOffsetsDone, kStDataArrived, kStCopyLoaded, kStDispatchDone, kStCombineStart, kStMapLoaded, kStWeightsSent,
   kStWeightsArrived, kStRowsSummed, kStPartialsSent, kStTokensSummed, kStBarrierPassed, kStDispatchExit,
-  kStCombineExit, kStRanksTaken, kStSlicesStored, kStSendSynced, kNumStages
+  kStCombineExit, kStRanksTaken, kStSlicesStored, kStSendSynced,
+  // -DEPKIT_STAGE_DETAIL builds only (EPKIT_STAGE_BY): steps inside the stamping block's chains, each
+  // by the thread that takes it ("d": dispatch_recv, "c": combine; 0: thread 0, N: the last thread,
+  // 1-3: warps 1-3's thread 0).
+  kStDetCountsWaited0, kStDetCountsWaitedN, kStDetOffsetsLoop, kStDetMsgOffsets, kStDetDataWaited, kStDetPartial1,
+  kStDetPartial2, kStDetPartial3, kStDetIdxLoaded, kStDetFirstRound, kStDetReadyRound, kNumStages
 };
 // "copy loaded": the general receive copy's header is back (thread 0's last slice); "rows summed":
 // combine_send's expert rows of thread 0's last slice are summed, before its stores and flag;
@@ -58,7 +63,10 @@ inline const char* stage_name(int s) {
                             "copy loaded",    "dispatch done",   "combine start",  "map loaded",
                             "weights sent",   "weights arrived", "rows summed",    "partials sent",
                             "tokens summed",  "barrier passed",  "dispatch exit",  "combine exit",
-                            "ranks taken",    "slices stored",   "send synced"};
+                            "ranks taken",    "slices stored",   "send synced",
+                            "d0 counts waited", "dN counts waited", "d0 offsets loop", "d0 msg offsets",
+                            "dN data waited", "c1 partial sent", "c2 partial sent", "c3 partial sent",
+                            "c0 idx loaded", "c0 first round", "c0 ready round"};
   static_assert(sizeof(n) / sizeof(n[0]) == kNumStages, "one name per stage");
   return s >= 0 && s < kNumStages ? n[s] : "?";
 }

@@ -95,6 +95,8 @@ Options parse_options(const std::vector<std::string>& args) {
       flag(o.weights_at_dispatch);
     } else if (name == "--stage-timers") {
       flag(o.stage_timers);
+    } else if (name == "--device-m") {
+      flag(o.device_m);
     } else if (name == "--smoke") {
       flag(o.smoke);
     } else if (name == "--no-baselines") {
@@ -220,6 +222,8 @@ Run as: epkit-run -n N epkit-bench [options]
   --portable             force DataPath::kPortable (put-with-signal to every peer)
   --weights-at-dispatch  router weights travel with dispatch; combine exchanges none
   --stage-timers         print block 0's per-stage times (needs a -DEPKIT_STAGE_TIMERS=ON build)
+  --device-m             pass m on the device (num_tokens_device: one int32, as a graph that serves
+                         every m has it) instead of on the host; rows get the path suffix +device-m
   --num-sms N            blocks the kernels may use; default 0 = all SMs
   --smoke                check that every mode, baseline and probe runs: 20 samples, 2 warm-up, 2 graph
                          pairs, a 16 MiB copy probe (unless given); the numbers are not measurements

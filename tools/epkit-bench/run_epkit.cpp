@@ -136,7 +136,7 @@ Row run_epkit(const Communicator& comm, const Case& c, const GroupRouting& mine,
   const AllToAllConfig& cfg = c.cfg;
   Row row = make_row_identity(c, "epkit");
   row.path = std::string(cfg.path == DataPath::kPortable ? "portable" : "auto") +
-             (cfg.weights_at_dispatch ? "+weights-at-dispatch" : "");
+             (cfg.weights_at_dispatch ? "+weights-at-dispatch" : "") + (opt.device_m ? "+device-m" : "");
   row.layout = layout_name(cfg.layout);
 
   AllToAll a2a(comm, cfg);
@@ -165,6 +165,11 @@ Row run_epkit(const Communicator& comm, const Case& c, const GroupRouting& mine,
   DeviceBuffer expert_offsets(packed ? (L + 1) * 4 : 0, "expert_offsets");
   DeviceBuffer expert_y(rows * H * dtype_size(cin), "expert_y");
   DeviceBuffer out(M * H * dtype_size(cout), "out");
+  DeviceBuffer m_dev(opt.device_m ? 4 : 0, "num_tokens_device");
+  if (opt.device_m) {
+    const int32_t mv = m;
+    copy_to_device(m_dev.get(), &mv, 4);
+  }
   row.buffer_bytes = static_cast<int64_t>(x.bytes() + x_scale.bytes() + topk_idx.bytes() + topk_w.bytes() +
                                           expert_x.bytes() + expert_x_scale.bytes() + expert_num.bytes() +
                                           expert_offsets.bytes() + expert_y.bytes() + out.bytes());
@@ -186,7 +191,8 @@ Row run_epkit(const Communicator& comm, const Case& c, const GroupRouting& mine,
   d.x = Tensor(x.get(), dd, {M, H});
   if (fp8) d.x_scale = Tensor(x_scale.get(), DType::kFP32, {M, S});
   d.topk_idx = Tensor(topk_idx.get(), DType::kInt32, {M, K});
-  d.num_tokens = m;
+  d.num_tokens = opt.device_m ? -1 : m;
+  d.num_tokens_device = opt.device_m ? static_cast<const int32_t*>(m_dev.get()) : nullptr;
   d.expert_x = expert_view(expert_x.get(), dd, H);
   if (fp8) d.expert_x_scale = expert_view(expert_x_scale.get(), DType::kFP32, S);
   d.expert_num_tokens = Tensor(expert_num.get(), DType::kInt32, {L});
@@ -196,7 +202,8 @@ Row run_epkit(const Communicator& comm, const Case& c, const GroupRouting& mine,
   cb.topk_idx = d.topk_idx;
   // With weights_at_dispatch the weights ride in the dispatch messages and combine takes none.
   (cfg.weights_at_dispatch ? d.topk_weights : cb.topk_weights) = Tensor(topk_w.get(), DType::kFP32, {M, K});
-  cb.num_tokens = m;
+  cb.num_tokens = d.num_tokens;
+  cb.num_tokens_device = d.num_tokens_device;
   cb.out = Tensor(out.get(), cout, {M, H});
 
   auto finish = [&] {
