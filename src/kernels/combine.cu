@@ -618,14 +618,27 @@ __global__ void __launch_bounds__(kThreads, 1)
   // This call's seq, as dispatch_recv stored it (not waited for until used).
   const uint64_t seq = *reinterpret_cast<volatile uint64_t*>(&p.state->combine_seq);
   // m (reported by dispatch_send only: one bad m is one error, not one per kernel of the layer).
-  // The decode kernel loads it once for both halves: with m on the device, its token side loaded it
-  // again after its partials, one more round trip on its chain. Kept in a register across the send
-  // half, it spilled (a stack frame, SASS, CUDA 13.0), so each warp keeps its copy in shared memory:
-  // every lane stores the same value and reads it back, so no lane waits for another. (The other
-  // kernels, where m's register spilled too, load it in each half.)
-  __shared__ int m_of_warp[kDecode ? kWarps : 1];
+  // With m on the device, the decode kernel loads it once for both halves: loaded again by the
+  // token side, after its partials, it was one more round trip on that chain (session 38, call 1:
+  // graph -0.12 to -0.25 us per pair at 1 token). Kept in a register across the send half, it
+  // spilled (a stack frame, SASS, CUDA 13.0), so each warp keeps its copy in shared memory: every
+  // lane stores the same value and reads it back, so no lane waits for another. With m on the host
+  // there is nothing to load: done the same way, it cost 0.1-0.2 us of graph time per pair there
+  // (call 1), so those calls read the parameter as before. (The other kernels, where m's register
+  // spilled too, load it in each half.)
+#ifdef EPKIT_AB_M_TWICE  // A/B switches (session 38): m loaded again by the token side, as before;
+  constexpr bool kMOnce = false;
+#else
+  constexpr bool kMOnce = kDecode;
+#endif
+#ifdef EPKIT_AB_M_ONCE_ALWAYS  // m kept in shared memory also when it is on the host (call 1's tip)
+  const bool m_kept = kMOnce && do_send && do_recv;
+#else
+  const bool m_kept = kMOnce && do_send && do_recv && io.m.dev_m != nullptr;
+#endif
+  __shared__ int m_of_warp[kMOnce ? kWarps : 1];
   const int m = do_send ? resolve_num_tokens(p, io.m, kPhaseCombineSend, seq, false) : 0;
-  if (kDecode && do_send && do_recv) m_of_warp[threadIdx.x / kWarpSize] = m;
+  if (m_kept) m_of_warp[threadIdx.x / kWarpSize] = m;
   const bool tail_warp = blockIdx.x == gridDim.x - 1 && threadIdx.x / kWarpSize == kWarps - 1;
   if (tail_warp) {
     if (do_send) raise_barrier<kP2P>(p, seq);
@@ -638,13 +651,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   EPKIT_STAGE_BY(p, kStDetPartial2, 2 * kWarpSize, 0);
   EPKIT_STAGE_BY(p, kStDetPartial3, 3 * kWarpSize, 0);
   if (do_recv) {
-#ifdef EPKIT_AB_M_TWICE  // A/B switch (session 38): m loaded again here, as before
-    constexpr bool kMOnce = false;
-#else
-    constexpr bool kMOnce = kDecode;
-#endif
-    const int mr = kMOnce && do_send ? reinterpret_cast<volatile int*>(m_of_warp)[threadIdx.x / kWarpSize]
-                                     : resolve_num_tokens(p, io.m, kPhaseCombineRecv, seq, false);
+    const int mr = m_kept ? reinterpret_cast<volatile int*>(m_of_warp)[threadIdx.x / kWarpSize]
+                          : resolve_num_tokens(p, io.m, kPhaseCombineRecv, seq, false);
     combine_recv<Tout, !kLarge && kP2P, kDecode>(p, io, seq, mr);
     if (tail_warp) wait_barrier(p, seq);
   }
