@@ -67,13 +67,15 @@ __device__ __forceinline__ void st16(void* p, int4 v) { *reinterpret_cast<int4*>
   do {                                                                                                 \
     if (blockIdx.x == EPKIT_STAGE_BLOCK && threadIdx.x == 0) (p).state->stage_ns[stage] = global_timer_ns(); \
   } while (0)
-// A stamp taken only once v (an int the stamping thread loaded) is in its register: the branch on v
-// keeps the timer read after the load's result (a plain stamp may be scheduled before it).
-#define EPKIT_STAGE_AFTER(p, stage, v)                                                                 \
+// A stamp by thread tid of the stamping block, taken only once v (an int that thread loaded) is in
+// its register: the branch on v keeps the timer read after the load's result (a plain stamp may be
+// scheduled before it).
+#define EPKIT_STAGE_AT(p, stage, tid, v)                                                               \
   do {                                                                                                 \
-    if (blockIdx.x == EPKIT_STAGE_BLOCK && threadIdx.x == 0 && (v) != INT_MIN)                         \
+    if (blockIdx.x == EPKIT_STAGE_BLOCK && threadIdx.x == static_cast<unsigned>(tid) && (v) != INT_MIN) \
       (p).state->stage_ns[stage] = global_timer_ns();                                                  \
   } while (0)
+#define EPKIT_STAGE_AFTER(p, stage, v) EPKIT_STAGE_AT(p, stage, 0, v)
 // The grid's last warp to get here (every warp's lane 0 takes the max): where a kernel ends, which
 // one block's stamps do not show (cleared with the others by EPKIT_STAGE_BEGIN).
 #define EPKIT_STAGE_EXIT(p, stage)                                                                      \
@@ -93,14 +95,9 @@ __device__ __forceinline__ void st16(void* p, int4 v) { *reinterpret_cast<int4*>
       (p).state->stage_ns[kStDispatchStart] = global_timer_ns();                                       \
     }                                                                                                  \
   } while (0)
-// Detail stamps (-DEPKIT_STAGE_DETAIL as well): by thread tid of the stamping block, once v (an int
-// the thread loaded) is in its register, as EPKIT_STAGE_AFTER.
+// Detail stamps: EPKIT_STAGE_AT in builds with -DEPKIT_STAGE_DETAIL as well, nothing otherwise.
 #ifdef EPKIT_STAGE_DETAIL
-#define EPKIT_STAGE_BY(p, stage, tid, v)                                                               \
-  do {                                                                                                 \
-    if (blockIdx.x == EPKIT_STAGE_BLOCK && threadIdx.x == static_cast<unsigned>(tid) && (v) != INT_MIN) \
-      (p).state->stage_ns[stage] = global_timer_ns();                                                  \
-  } while (0)
+#define EPKIT_STAGE_BY(p, stage, tid, v) EPKIT_STAGE_AT(p, stage, tid, v)
 #endif
 #else
 #define EPKIT_STAGE(p, stage) \
@@ -196,16 +193,13 @@ cudaError_t launch_after_previous(void (*kernel)(Params...), const LaunchShape& 
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
-__device__ __forceinline__ bool is_aborted(const CommParams& p) {
-  return *reinterpret_cast<volatile int32_t*>(&p.state->aborted) != 0;
-}
-// The abort flag's word itself, for a look whose answer is needed only at a later barrier: test it
-// there (word != 0). Tested where it was loaded (is_aborted), the test sat in the load's basic
-// block and the thread waited out the round trip right there, before the work meant to hide it
-// (SASS, CUDA 13.0: dispatch_recv's thread 0, between the counts' barrier and its offsets).
+// The abort flag's word. A look whose answer is needed only at a later barrier keeps the word and
+// tests it there (word != 0): tested where it is loaded (is_aborted), the test sits in the load's
+// basic block and the thread waits out the round trip right there (SASS, CUDA 13.0).
 __device__ __forceinline__ int32_t abort_word(const CommParams& p) {
   return *reinterpret_cast<volatile int32_t*>(&p.state->aborted);
 }
+__device__ __forceinline__ bool is_aborted(const CommParams& p) { return abort_word(p) != 0; }
 
 // An error's code, phase, wait and peer in one word (peer + 1 in the high half: world_size <= 1024).
 // The out-of-line error paths below take it so that their arguments fit the twelve parameter

@@ -657,9 +657,8 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
   // stamps, V3 1 token: offsets done 2.54 -> data arrived 2.84 us; session 37, call 1). An abort
   // raised in between is seen by every bounded wait after this one. Measured (call 2, 12 rounds,
   // one H100): graph -0.04 to -0.15 us per pair in every round at 1-4 tokens, event-timed -0.1.
-  // Tested at that barrier, not here (abort_word): as `is_aborted` the test sat right behind the
-  // load and thread 0 waited for it before its offsets. Tested at the barrier (session 38, call 1:
-  // no measurable change; block 0's offsets step stayed at 0.45 us without any load in it).
+  // The word is tested at that barrier (abort_word); tested here, as is_aborted did, thread 0 waited
+  // for the load before its offsets (session 38, call 1: moving the test changed nothing measurable).
   const int32_t abort_mid = threadIdx.x == 0 ? abort_word(p) : 0;
   // combine_send waits for a portable source's weights_recv_ctr[s] >= weights_base[s]: the weight
   // rows of every call so far, this one's (one per message) included. Only this kernel reads or
