@@ -3,7 +3,9 @@
 // instructions: N / 8 lines of 128 bytes), timed with clock64 around the chain. Scenarios:
 //   hot:   the same kernel launched just before, on the same SM (checked by %smid)
 //   cold:  an evictor kernel (different code, E instructions) ran on every SM in between
-//   other: a kernel of the same size but other code ran just before on that SM
+//   survive: the same kernel ran on the SM, then a kernel of E instructions of other code on every
+//            SM, then this one again: does its code survive E other instructions? (The benchmark's
+//            loop alternates a 28 KB dispatch and a 55 KB combine on the same SMs.)
 // cycles per instruction hot ~ the IMAD chain's latency; the excess cold is instruction fetch.
 // A second timed chain right after the first, in the same launch, re-runs the first chain's code
 // (a loop of two trips over the same instructions): the second trip is warm by construction.
@@ -53,32 +55,50 @@ __global__ void evict(unsigned* sink, unsigned y) {
 
 template <int N>
 void run(Rec* d, unsigned* sink, int nsm, int reps) {
-  std::vector<double> hot1, hot2, cold1, other1;
-  Rec h[3];
+  std::vector<double> hot1, hot2, cold1;
+  Rec h[2];
   for (int r = 0; r < reps; ++r) {
     // cold: evictor on every SM, then the kernel
     evict<16384><<<nsm * 8, 32>>>(sink, 1u);
     timed<N, 1u><<<1, 32>>>(d, 3u, 0);
     // hot: the same kernel again
     timed<N, 1u><<<1, 32>>>(d, 3u, 1);
-    // other: a kernel of the same size, other code, then this one's twin with new code
-    timed<N, 2u><<<1, 32>>>(d, 3u, 2);
     CK(cudaDeviceSynchronize());
     CK(cudaMemcpy(h, d, sizeof(h), cudaMemcpyDeviceToHost));
     if (h[0].sm != h[1].sm) continue;  // hot only counts on the same SM
     cold1.push_back(double(h[0].c1));
     hot1.push_back(double(h[1].c1));
     hot2.push_back(double(h[1].c2));
-    other1.push_back(double(h[2].c1));
   }
   auto med = [](std::vector<double> v) { if (v.empty()) return -1.0; std::sort(v.begin(), v.end()); return v[v.size() / 2]; };
   const double n = N;
-  std::printf("N %5d (%3d KB, %4d lines): cycles/instr  cold %.2f  first-run-other %.2f  hot %.2f  warm(trip 2) %.2f"
+  std::printf("N %5d (%3d KB, %4d lines): cycles/instr  cold %.2f  hot %.2f  warm(trip 2) %.2f"
               "   excess cold-warm %.0f cycles = %.1f per line  (samples %zu)\n",
-              N, N * 16 / 1024, N / 8, med(cold1) / n, med(other1) / n, med(hot1) / n, med(hot2) / n,
+              N, N * 16 / 1024, N / 8, med(cold1) / n, med(hot1) / n, med(hot2) / n,
               med(cold1) - med(hot2), (med(cold1) - med(hot2)) / (n / 8), cold1.size());
 }
 
+// survive: the kernel warm on its SM, then E instructions of other code on every SM, then the kernel.
+template <int N, int E>
+void survive(Rec* d, unsigned* sink, int nsm, int reps) {
+  std::vector<double> after, hot;
+  Rec h[2];
+  for (int r = 0; r < reps; ++r) {
+    timed<N, 7u><<<1, 32>>>(d, 3u, 0);
+    evict<E><<<nsm * 8, 32>>>(sink, 1u);
+    timed<N, 7u><<<1, 32>>>(d, 3u, 1);
+    CK(cudaDeviceSynchronize());
+    CK(cudaMemcpy(h, d, sizeof(h), cudaMemcpyDeviceToHost));
+    if (h[0].sm != h[1].sm) continue;
+    after.push_back(double(h[1].c1));
+    hot.push_back(double(h[1].c2));
+  }
+  auto med = [](std::vector<double> v) { if (v.empty()) return -1.0; std::sort(v.begin(), v.end()); return v[v.size() / 2]; };
+  std::printf("survive: N %5d (%3d KB) after %5d other instructions (%3d KB) on its SM: cycles/instr %.2f"
+              " (warm %.2f), excess %.0f cycles = %.1f per line  (samples %zu)\n",
+              N, N * 16 / 1024, E, E * 16 / 1024, med(after) / N, med(hot) / N, med(after) - med(hot),
+              (med(after) - med(hot)) / (N / 8.0), after.size());
+}
 
 // Branchy code: blocks of B executed IMADs, each followed by a never-taken branch body of B other
 // IMADs (y is never equal to the key), so half of the lines a warp fetches through are skipped code
@@ -153,6 +173,12 @@ int main() {
   run<2048>(d, sink, nsm, reps);
   run<4096>(d, sink, nsm, reps);
   run<8192>(d, sink, nsm, reps);
+  survive<2048, 1024>(d, sink, nsm, reps);
+  survive<2048, 2048>(d, sink, nsm, reps);
+  survive<2048, 4096>(d, sink, nsm, reps);
+  survive<2048, 8192>(d, sink, nsm, reps);
+  survive<512, 4096>(d, sink, nsm, reps);
+  survive<512, 8192>(d, sink, nsm, reps);
   run_branchy<64, 8>(d, sink, nsm, reps);
   run_branchy<256, 8>(d, sink, nsm, reps);
   run_branchy<64, 32>(d, sink, nsm, reps);
