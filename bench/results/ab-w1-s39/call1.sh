@@ -24,22 +24,18 @@ nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader | tee $W/gpu.txt
 # budget cuts. (Not all of make test: its CPU suite runs in CI, its Python suite tests bindings this
 # tree did not change, and device time was short: most of it went to start attempts that got none.)
 ab_gpu_suite 200
-( timeout $(lim 45) bash -c "nvcc -O3 -arch=sm_90 -std=c++17 bench/results/ab-w1-s39/icache_probe.cu -o $W/icache_probe && $W/icache_probe" ) > $W/icache.txt 2>&1
+( timeout $(lim 75) bash -c "nvcc -O3 -arch=sm_90 -std=c++17 bench/results/ab-w1-s39/icache_probe.cu -o $W/icache_probe && $W/icache_probe" ) > $W/icache.txt 2>&1
 echo "icache rc=$? t=$(( $(date +%s) - t0 ))"; cat $W/icache.txt; rm -f $W/icache_probe
 ab_libs devm ${C1_ROUNDS:-5} 95 "monce touchidle" --preset decode,decode-v2lite --tokens 1,4,128 --no-baselines --device-m
 # Warp states of the general kernels (V3, 1 token) in the benchmark's steady state: the whole CUDA
 # graph of 10 fused pairs profiled as one range (--graph-profiling graph: the kernels run back to
 # back as in the timed replay, caches as the previous pair left them); session 28 profiled each launch
-# alone (kernel replay). "No Instruction" = fetch stalls. (The loop keeps a kernel-replay mode that
-# this call does not run: device time.)
-for mode in graph; do
-  if [ $mode = graph ]; then sel=(--graph-profiling graph --launch-skip 5 --launch-count 1); else sel=(-k "regex:dispatch_kernel|combine_kernel" --launch-skip 400 --launch-count 4); fi
-  EPKIT_LOCAL_KERNELS=0 timeout $(lim 60) ncu --clock-control none --cache-control none --target-processes all "${sel[@]}" \
-    --section WarpStateStats --section SchedulerStats --page raw \
-    build-gpu/bin/epkit-run -n 1 -- build-gpu/bin/epkit-bench --preset decode --tokens 1 --no-baselines > $W/ncu-$mode.txt 2>&1
-  echo "ncu $mode rc=$? t=$(( $(date +%s) - t0 ))"
-  grep -E "==PROF==|==ERROR==|_kernel|stalled_(no_instruction|barrier|long_scoreboard|short_scoreboard|wait|imc_miss|membar|branch_resolving|lg_throttle|drain|sleeping)_per_issue_active|warp_latency_per_inst_issued" $W/ncu-$mode.txt | grep -v "^\[0\]" | cut -c1-150 | head -60
-done
+# alone (kernel replay). "No Instruction" = fetch stalls.
+EPKIT_LOCAL_KERNELS=0 timeout $(lim 60) ncu --clock-control none --cache-control none --target-processes all \
+  --graph-profiling graph --launch-skip 5 --launch-count 1 --section WarpStateStats --section SchedulerStats --page raw \
+  build-gpu/bin/epkit-run -n 1 -- build-gpu/bin/epkit-bench --preset decode --tokens 1 --no-baselines > $W/ncu-graph.txt 2>&1
+echo "ncu graph rc=$? t=$(( $(date +%s) - t0 ))"
+grep -E "==PROF==|==ERROR==|_kernel|stalled_(no_instruction|barrier|long_scoreboard|short_scoreboard|wait|imc_miss|membar|branch_resolving|lg_throttle|drain|sleeping)_per_issue_active|warp_latency_per_inst_issued" $W/ncu-graph.txt | grep -v "^\[0\]" | cut -c1-150 | head -60
 PHASE_TIMEOUT=$(lim 120) TAIL=4 scripts/gpu-session.sh "$W/w1" comm-w1
 echo "comm-w1 t=$(( $(date +%s) - t0 ))"
 [ $(lim 60) -ge 45 ] && ab_libs general 4 65 "touchidle" --preset decode,decode-v2lite --tokens 1,4,128 --no-baselines

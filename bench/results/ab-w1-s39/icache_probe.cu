@@ -7,8 +7,8 @@
 //            SM, then this one again: does its code survive E other instructions? (The benchmark's
 //            loop alternates a 28 KB dispatch and a 55 KB combine on the same SMs.)
 // cycles per instruction hot ~ the IMAD chain's latency; the excess cold is instruction fetch.
-// A second timed chain right after the first, in the same launch, re-runs the first chain's code
-// (a loop of two trips over the same instructions): the second trip is warm by construction.
+// A second trip over the same code in the same launch is warm by construction. Cold and survive
+// time the first trip of a launch, on the SM where the launch before ran the same code.
 // Build: nvcc -O3 -arch=sm_90 -std=c++17 icache_probe.cu -o icache_probe
 #include <cstdio>
 #include <cstdlib>
@@ -20,18 +20,51 @@
 
 __device__ __forceinline__ unsigned smid() { unsigned s; asm volatile("mov.u32 %0, %%smid;" : "=r"(s)); return s; }
 
-// N dependent IMADs with distinct immediates (K keys the code apart between kernels).
-template <int N, unsigned K>
-__device__ __forceinline__ unsigned chain(unsigned x, unsigned y) {
+// The timed code, as a body type with run(x, y). Straight: N dependent IMADs with distinct
+// immediates (K keys the code apart between kernels). Branchy: NB blocks of B executed IMADs, each
+// followed by a never-taken branch body (y is never equal to the key), so that part of the lines a
+// warp fetches through are skipped code and every block starts at a branch target, as in real
+// kernels with error paths inline. kExec: the IMADs executed per trip.
+// Both split in halves down to 16 steps (Off: the first step's index) instead of one unrolled loop:
+// an unrolled loop of 8,192 steps became a loop of two trips over 4,096 steps whose immediates were
+// computed at run time (SASS, CUDA 13.0), half the distinct code, the second trip already warm.
+template <int N, unsigned K, unsigned Off = 0>
+struct Straight {
+  static constexpr int kExec = N;
+  __device__ __forceinline__ static unsigned run(unsigned x, unsigned y) {
+    if constexpr (N <= 16) {
 #pragma unroll
-  for (int i = 0; i < N; ++i) x = x * y + (static_cast<unsigned>(i) * 2654435761u + K);
-  return x;
-}
+      for (int i = 0; i < N; ++i) x = x * y + ((Off + static_cast<unsigned>(i)) * 2654435761u + K);
+    } else {
+      x = Straight<N / 2, K, Off>::run(x, y);
+      x = Straight<N - N / 2, K, Off + N / 2>::run(x, y);
+    }
+    return x;
+  }
+};
+template <int NB, int B, unsigned K, unsigned Off = 0>
+struct Branchy {
+  static constexpr int kExec = NB * B;
+  __device__ __forceinline__ static unsigned run(unsigned x, unsigned y) {
+    if constexpr (NB == 1) {
+      x = Straight<B, K, Off * B>::run(x, y);
+      if (y == 0x7fff0000u + Off) {
+#pragma unroll
+        for (int i = 0; i < B; ++i) x = x * (y + i) ^ ((Off * B + static_cast<unsigned>(i)) * 40503u + K);
+        asm volatile("" : "+r"(x));
+      }
+    } else {
+      x = Branchy<NB / 2, B, K, Off>::run(x, y);
+      x = Branchy<NB - NB / 2, B, K, Off + NB / 2>::run(x, y);
+    }
+    return x;
+  }
+};
 
 struct Rec { long long c1, c2; unsigned sm; unsigned x; };
 
-// Two trips over the same chain: trip 0's time (fetch + execute), trip 1's (execute, warm).
-template <int N, unsigned K>
+// Two trips over the same code: trip 0's time (fetch + execute), trip 1's (execute, warm).
+template <typename Body>
 __global__ void timed(Rec* out, unsigned y, int slot) {
   unsigned x = threadIdx.x;
   long long t[3];
@@ -39,7 +72,7 @@ __global__ void timed(Rec* out, unsigned y, int slot) {
   for (int trip = 0; trip < 2; ++trip) {
     __syncwarp();
     t[trip] = clock64();
-    x = chain<N, K>(x, y);
+    x = Body::run(x, y);
     __syncwarp();
   }
   t[2] = clock64();
@@ -49,106 +82,72 @@ __global__ void timed(Rec* out, unsigned y, int slot) {
 // Evictor: E instructions of other code on every SM (grid of many one-warp blocks).
 template <int E>
 __global__ void evict(unsigned* sink, unsigned y) {
-  unsigned x = chain<E, 0x9e3779b9u>(threadIdx.x + blockIdx.x, y);
+  unsigned x = Straight<E, 0x9e3779b9u>::run(threadIdx.x + blockIdx.x, y);
   if (x == 0x12345678u) sink[blockIdx.x] = x;
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return -1.0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Medians over reps of the cycles per executed instruction of Body's launch after Before() (trip
+// 0: "first") and of its warm trip 1, where the launch before Before() was Body too (the SM it ran
+// on is where its code is warm: only reps where both launches shared an SM count).
+struct Times { double first, warm; size_t n; };
+template <typename Body, typename BeforeFn>
+Times time_after(Rec* d, int reps, BeforeFn before) {
+  std::vector<double> first, warm;
+  Rec h[2];
+  for (int r = 0; r < reps; ++r) {
+    timed<Body><<<1, 32>>>(d, 3u, 0);
+    before();
+    timed<Body><<<1, 32>>>(d, 3u, 1);
+    CK(cudaDeviceSynchronize());
+    CK(cudaMemcpy(h, d, sizeof(h), cudaMemcpyDeviceToHost));
+    if (h[0].sm != h[1].sm) continue;
+    first.push_back(double(h[1].c1) / Body::kExec);
+    warm.push_back(double(h[1].c2) / Body::kExec);
+  }
+  return Times{median(first), median(warm), first.size()};
+}
+
+// cold (256 KB of other code ran on every SM first), hot (the same kernel just before), warm.
+// The cold excess is also given per unit (a 128-byte line of straight code, a branchy block).
+template <typename Body>
+void cold_hot(const char* what, int units, const char* unit, unsigned* sink, Rec* d, int nsm, int reps) {
+  const Times cold = time_after<Body>(d, reps, [&] { evict<16384><<<nsm * 8, 32>>>(sink, 1u); });
+  const Times hot = time_after<Body>(d, reps, [] {});
+  const double excess = (cold.first - cold.warm) * Body::kExec;
+  std::printf("%s: cycles per executed instruction  cold %.2f  hot %.2f  warm %.2f   excess cold-warm %.0f cycles"
+              " = %.1f per %s  (samples %zu, %zu)\n",
+              what, cold.first, hot.first, hot.warm, excess, excess / units, unit, cold.n, hot.n);
 }
 
 template <int N>
 void run(Rec* d, unsigned* sink, int nsm, int reps) {
-  std::vector<double> hot1, hot2, cold1;
-  Rec h[2];
-  for (int r = 0; r < reps; ++r) {
-    // cold: evictor on every SM, then the kernel
-    evict<16384><<<nsm * 8, 32>>>(sink, 1u);
-    timed<N, 1u><<<1, 32>>>(d, 3u, 0);
-    // hot: the same kernel again
-    timed<N, 1u><<<1, 32>>>(d, 3u, 1);
-    CK(cudaDeviceSynchronize());
-    CK(cudaMemcpy(h, d, sizeof(h), cudaMemcpyDeviceToHost));
-    if (h[0].sm != h[1].sm) continue;  // hot only counts on the same SM
-    cold1.push_back(double(h[0].c1));
-    hot1.push_back(double(h[1].c1));
-    hot2.push_back(double(h[1].c2));
-  }
-  auto med = [](std::vector<double> v) { if (v.empty()) return -1.0; std::sort(v.begin(), v.end()); return v[v.size() / 2]; };
-  const double n = N;
-  std::printf("N %5d (%3d KB, %4d lines): cycles/instr  cold %.2f  hot %.2f  warm(trip 2) %.2f"
-              "   excess cold-warm %.0f cycles = %.1f per line  (samples %zu)\n",
-              N, N * 16 / 1024, N / 8, med(cold1) / n, med(hot1) / n, med(hot2) / n,
-              med(cold1) - med(hot2), (med(cold1) - med(hot2)) / (n / 8), cold1.size());
+  char what[64];
+  std::snprintf(what, sizeof what, "N %5d (%3d KB, %4d lines)", N, N * 16 / 1024, N / 8);
+  cold_hot<Straight<N, 1u>>(what, N / 8, "line", sink, d, nsm, reps);
 }
 
 // survive: the kernel warm on its SM, then E instructions of other code on every SM, then the kernel.
 template <int N, int E>
 void survive(Rec* d, unsigned* sink, int nsm, int reps) {
-  std::vector<double> after, hot;
-  Rec h[2];
-  for (int r = 0; r < reps; ++r) {
-    timed<N, 7u><<<1, 32>>>(d, 3u, 0);
-    evict<E><<<nsm * 8, 32>>>(sink, 1u);
-    timed<N, 7u><<<1, 32>>>(d, 3u, 1);
-    CK(cudaDeviceSynchronize());
-    CK(cudaMemcpy(h, d, sizeof(h), cudaMemcpyDeviceToHost));
-    if (h[0].sm != h[1].sm) continue;
-    after.push_back(double(h[1].c1));
-    hot.push_back(double(h[1].c2));
-  }
-  auto med = [](std::vector<double> v) { if (v.empty()) return -1.0; std::sort(v.begin(), v.end()); return v[v.size() / 2]; };
+  const Times t = time_after<Straight<N, 7u>>(d, reps, [&] { evict<E><<<nsm * 8, 32>>>(sink, 1u); });
+  const double excess = (t.first - t.warm) * N;
   std::printf("survive: N %5d (%3d KB) after %5d other instructions (%3d KB) on its SM: cycles/instr %.2f"
               " (warm %.2f), excess %.0f cycles = %.1f per line  (samples %zu)\n",
-              N, N * 16 / 1024, E, E * 16 / 1024, med(after) / N, med(hot) / N, med(after) - med(hot),
-              (med(after) - med(hot)) / (N / 8.0), after.size());
+              N, N * 16 / 1024, E, E * 16 / 1024, t.first, t.warm, excess, excess / (N / 8.0), t.n);
 }
 
-// Branchy code: blocks of B executed IMADs, each followed by a never-taken branch body of B other
-// IMADs (y is never equal to the key), so half of the lines a warp fetches through are skipped code
-// and every block starts at a branch target, as in real kernels with error paths inline.
-template <int NB, int B, unsigned K>
-__device__ __forceinline__ unsigned branchy(unsigned x, unsigned y) {
-#pragma unroll
-  for (int b = 0; b < NB; ++b) {
-#pragma unroll
-    for (int i = 0; i < B; ++i) x = x * y + (static_cast<unsigned>(b * B + i) * 2654435761u + K);
-    if (y == 0x7fff0000u + b) {
-#pragma unroll
-      for (int i = 0; i < B; ++i) x = x * (y + i) ^ (static_cast<unsigned>(b * B + i) * 40503u + K);
-      asm volatile("" : "+r"(x));
-    }
-  }
-  return x;
-}
-template <int NB, int B, unsigned K>
-__global__ void timed_branchy(Rec* out, unsigned y, int slot) {
-  unsigned x = threadIdx.x;
-  long long t[3];
-#pragma unroll 1
-  for (int trip = 0; trip < 2; ++trip) {
-    __syncwarp();
-    t[trip] = clock64();
-    x = branchy<NB, B, K>(x, y);
-    __syncwarp();
-  }
-  t[2] = clock64();
-  if (threadIdx.x == 0) out[slot] = Rec{t[1] - t[0], t[2] - t[1], smid(), x};
-}
+// Per block: the skipped bodies' size is ptxas's (2B-4B instructions, SASS, CUDA 13.0).
 template <int NB, int B>
 void run_branchy(Rec* d, unsigned* sink, int nsm, int reps) {
-  std::vector<double> hot1, hot2, cold1;
-  Rec h[2];
-  for (int r = 0; r < reps; ++r) {
-    evict<16384><<<nsm * 8, 32>>>(sink, 1u);
-    timed_branchy<NB, B, 5u><<<1, 32>>>(d, 3u, 0);
-    timed_branchy<NB, B, 5u><<<1, 32>>>(d, 3u, 1);
-    CK(cudaDeviceSynchronize());
-    CK(cudaMemcpy(h, d, sizeof(h), cudaMemcpyDeviceToHost));
-    if (h[0].sm != h[1].sm) continue;
-    cold1.push_back(double(h[0].c1)); hot1.push_back(double(h[1].c1)); hot2.push_back(double(h[1].c2));
-  }
-  auto med = [](std::vector<double> v) { if (v.empty()) return -1.0; std::sort(v.begin(), v.end()); return v[v.size() / 2]; };
-  const double n = NB * B;  // executed IMADs
-  std::printf("branchy %4d blocks of %2d (+ a skipped body of ~2x%d): cycles per executed IMAD  cold %.2f  hot %.2f  warm %.2f"
-              "   excess cold-warm %.0f cycles = %.1f per block  (samples %zu)\n",
-              NB, B, B, med(cold1) / n, med(hot1) / n, med(hot2) / n, med(cold1) - med(hot2), (med(cold1) - med(hot2)) / NB, cold1.size());
+  char what[96];
+  std::snprintf(what, sizeof what, "branchy %4d blocks of %2d (+ a skipped body)", NB, B);
+  cold_hot<Branchy<NB, B, 5u>>(what, NB, "block", sink, d, nsm, reps);
 }
 
 int main() {
@@ -161,7 +160,7 @@ int main() {
   std::printf("%s, %d SMs, clock %d MHz\n", prop.name, nsm, clk / 1000);
   Rec* d;
   unsigned* sink;
-  CK(cudaMalloc(&d, 4 * sizeof(Rec)));
+  CK(cudaMalloc(&d, 2 * sizeof(Rec)));
   CK(cudaMalloc(&sink, nsm * 8 * sizeof(unsigned)));
   // warm-up: load every module
   run<64>(d, sink, nsm, 3);
