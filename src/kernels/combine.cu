@@ -308,7 +308,7 @@ __device__ __forceinline__ void send_partials_grouped(const CommParams& p, const
 // kDecode: the small P2P variant's decode kernel (combine_decode_kernel): at most kDecodeMaxRanks
 // ranks, so the warp-index path only.
 template <typename Tin, typename Tout, bool kLarge, bool kP2P, bool kDecode>
-__device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t seq, int* smem) {
+__device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t seq, int m, int* smem) {
   const int W = p.world_size, K = p.topk, D = p.dp_size, S = p.max_msgs_per_src;
   const int me = p.rank, gi = p.group_index, nsc = p.combine_slices;
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
@@ -319,8 +319,6 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
   // Router weights of our own tokens to every rank we dispatched them to, into the same slot, as
   // tagged words (device_common.cuh): a P2P receiver reads each as it lands, with no counter and no
   // release; a portable one after its put's signal.
-  // Reported by dispatch_send only: one bad m is one error, not one per kernel of the layer.
-  const int m = resolve_num_tokens(p, io.m, kPhaseCombineSend, seq, false);
   const int n_own = p.weights_at_dispatch ? 0 : num_own_tokens(p, m);  // dispatch carried the weights
   // Whether the layer was aborted (an error recorded by a wait that ran out), read by thread 0 now
   // and shared at the barrier before the partials: read there, its load was one more round trip
@@ -549,9 +547,8 @@ __device__ __forceinline__ void recv_partials(const CommParams& p, const Combine
 // kTaggable: the small P2P variant, the only one an object with tagged partials runs; kTagged: its
 // decode kernel, whose objects all have them.
 template <typename Tout, bool kTaggable, bool kTagged>
-__device__ void combine_recv(const CommParams& p, const CombineIO& io, uint64_t seq) {
+__device__ void combine_recv(const CommParams& p, const CombineIO& io, uint64_t seq, int m) {
   static_assert(!kTagged || kTaggable, "tagged partials: the small P2P variant only");
-  const int m = resolve_num_tokens(p, io.m, kPhaseCombineRecv, seq, false);
   if (kTagged || (kTaggable && p.tagged_partials))
     recv_partials<Tout, true>(p, io, seq, m);
   else
@@ -617,22 +614,39 @@ __global__ void __launch_bounds__(kThreads, 1)
     combine_kernel(const __grid_constant__ CommParams p, const __grid_constant__ CombineIO io, bool do_send,
                    bool do_recv) {
   extern __shared__ int smem[];
+  if constexpr (kDecode) touch_param_lines(p, io, kCombineTouchWarp);
   wait_previous_kernel();
   // This call's seq, as dispatch_recv stored it (not waited for until used).
   const uint64_t seq = *reinterpret_cast<volatile uint64_t*>(&p.state->combine_seq);
+  // m (reported by dispatch_send only: one bad m is one error, not one per kernel of the layer).
+  // With m on the device, the decode kernel loads it once for both halves: loaded again by the
+  // token side, after its partials, it was one more round trip on that chain (sessions 38 and 40:
+  // graph -0.1 to -0.3 us per pair). Kept in a register across the send half, it spilled (a stack
+  // frame, SASS, CUDA 13.0), so each warp keeps its copy in shared memory: every lane stores the
+  // same value and reads it back, so no lane waits for another. With m on the host there is nothing
+  // to load: done the same way, it cost 0.1-0.2 us of graph time per pair there (session 38), so
+  // those calls read the parameter as before. (The other kernels, where m's register spilled too,
+  // load it in each half.)
+  constexpr bool kMOnce = kDecode;
+  const bool m_kept = kMOnce && do_send && do_recv && io.m.dev_m != nullptr;
+  __shared__ int m_of_warp[kMOnce ? kWarps : 1];
+  const int m = do_send ? resolve_num_tokens(p, io.m, kPhaseCombineSend, seq, false) : 0;
+  if (m_kept) m_of_warp[threadIdx.x / kWarpSize] = m;
   const bool tail_warp = blockIdx.x == gridDim.x - 1 && threadIdx.x / kWarpSize == kWarps - 1;
   if (tail_warp) {
     if (do_send) raise_barrier<kP2P>(p, seq);
     if (do_recv) advance_layer(p, seq);
   }
   static_assert(!kDecode || (!kLarge && kP2P), "the decode kernel: the small P2P variant only");
-  if (do_send) combine_send<Tin, Tout, kLarge, kP2P, kDecode>(p, io, seq, smem);
+  if (do_send) combine_send<Tin, Tout, kLarge, kP2P, kDecode>(p, io, seq, m, smem);
   EPKIT_STAGE(p, kStPartialsSent);
   EPKIT_STAGE_BY(p, kStDetPartial1, kWarpSize, 0);
   EPKIT_STAGE_BY(p, kStDetPartial2, 2 * kWarpSize, 0);
   EPKIT_STAGE_BY(p, kStDetPartial3, 3 * kWarpSize, 0);
   if (do_recv) {
-    combine_recv<Tout, !kLarge && kP2P, kDecode>(p, io, seq);
+    const int mr = m_kept ? reinterpret_cast<volatile int*>(m_of_warp)[threadIdx.x / kWarpSize]
+                          : resolve_num_tokens(p, io.m, kPhaseCombineRecv, seq, false);
+    combine_recv<Tout, !kLarge && kP2P, kDecode>(p, io, seq, mr);
     if (tail_warp) wait_barrier(p, seq);
   }
   EPKIT_STAGE_EXIT(p, kStCombineExit);

@@ -157,12 +157,21 @@ __device__ __forceinline__ uint32_t param_lines_xor(const T& a) {
 #define EPKIT_PARAM_TOUCH 1
 #endif
 template <typename IO>
-__device__ __forceinline__ void touch_param_lines(const CommParams& p, const IO& io) {
+__device__ __forceinline__ void touch_param_lines(const CommParams& p, const IO& io, int warp = kWarps - 1) {
   __shared__ uint32_t sink;
-  if (!EPKIT_PARAM_TOUCH || threadIdx.x / kWarpSize != kWarps - 1) return;
+  if (!EPKIT_PARAM_TOUCH || threadIdx.x / kWarpSize != warp) return;
   const uint32_t x = param_lines_xor(p) ^ param_lines_xor(io);
   if (threadIdx.x % kWarpSize == 0) *static_cast<volatile uint32_t*>(&sink) = x;
 }
+// The general decode kernels touch them on a warp that has no work at decode (dispatch: warp 14,
+// past the sending block's slice, send_slot and count warps for up to 288 experts; combine: warp
+// 13, between the partial groups and the weights' warp). Sessions 23-24 measured the touch on the
+// last warp, which in these kernels has work (the sending block's count words, the combine's layer
+// tail): +0.1 to +0.3 us. On the idle warps, session 40 measured graph 0 to -0.3 us per pair and
+// stage stamps 0.05-0.24 us earlier at the combine's exit in all eight cases (V3 and V2-Lite, 1 and
+// 4 tokens, m on the host and on the device); event-timed within the rounds' spread.
+constexpr int kDispatchTouchWarp = kWarps - 2;
+constexpr int kCombineTouchWarp = kWarps - 3;
 
 // kernel<<<shape.blocks, kThreads, shape.smem_bytes, stream>>>(args...), allowed to be scheduled
 // before the previous kernel in the stream ends (programmatic stream serialization); the kernel
