@@ -26,6 +26,7 @@ TEST(BenchOptions, Defaults) {
   EXPECT_FALSE(o.portable);
   EXPECT_FALSE(o.tokens.has_value());
   EXPECT_EQ(o.dp_size, 1);
+  EXPECT_FALSE(o.profile_graph);
 }
 
 TEST(BenchOptions, Overrides) {
@@ -52,6 +53,7 @@ TEST(BenchOptions, Overrides) {
   EXPECT_EQ(o.nccl_mode, NcclMode::kSendRecv);
   EXPECT_DOUBLE_EQ(o.zipf_s, 1.2);
   EXPECT_EQ(*parse_options({"--dispatch-dtype", "fp8_e4m3"}).dispatch_dtype, DType::kFP8E4M3);
+  EXPECT_TRUE(parse_options({"--profile-graph"}).profile_graph);
   EXPECT_EQ(parse_options({}).layouts, (std::vector<ExpertLayout>{ExpertLayout::kMasked}));
   EXPECT_EQ(parse_options({"--layout", "packed"}).layouts, (std::vector<ExpertLayout>{ExpertLayout::kPacked}));
   EXPECT_EQ(parse_options({"--layout=masked,packed"}).layouts,

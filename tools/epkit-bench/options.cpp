@@ -95,6 +95,8 @@ Options parse_options(const std::vector<std::string>& args) {
       flag(o.weights_at_dispatch);
     } else if (name == "--stage-timers") {
       flag(o.stage_timers);
+    } else if (name == "--profile-graph") {
+      flag(o.profile_graph);
     } else if (name == "--device-m") {
       flag(o.device_m);
     } else if (name == "--smoke") {
@@ -222,6 +224,9 @@ Run as: epkit-run -n N epkit-bench [options]
   --portable             force DataPath::kPortable (put-with-signal to every peer)
   --weights-at-dispatch  router weights travel with dispatch; combine exchanges none
   --stage-timers         print block 0's per-stage times (needs a -DEPKIT_STAGE_TIMERS=ON build)
+  --profile-graph        after the timed graph replays, one more replay per case between
+                         cudaProfilerStart and cudaProfilerStop: the steady state's kernels, for
+                         ncu --profile-from-start off --graph-profiling graph
   --device-m             pass m on the device (num_tokens_device: one int32, as a graph that serves
                          every m has it) instead of on the host; rows get the path suffix +device-m
   --num-sms N            blocks the kernels may use; default 0 = all SMs
