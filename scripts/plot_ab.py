@@ -4,7 +4,7 @@ as grouped bars: one group per (preset, tokens, layout), one bar per tree (media
 event-timed dispatch + combine), a marker for each tree's graph figure, and optional targets.
 
 Usage: scripts/plot_ab.py AB_DIR -o out.png [--trees old,tip] [--labels "before,after"]
-       [--layout masked] [--target decode:1=12 ...] [--floor US] [--title TEXT] [--tokens 1,128]
+       [--layout masked] [--path auto] [--target decode:1=12 ...] [--floor US] [--title TEXT] [--tokens 1,128]
 """
 import argparse
 import glob
@@ -15,7 +15,7 @@ import sys
 from collections import defaultdict
 
 
-def load(ab_dir, trees, layout):
+def load(ab_dir, trees, layout, path="auto"):
     """{tree: {(preset, tokens): (total median, graph median)}} over the rounds of each tree."""
     out = {}
     for t in trees:
@@ -25,7 +25,7 @@ def load(ab_dir, trees, layout):
         acc = defaultdict(lambda: ([], []))
         for f in files:
             for r in json.load(open(f))["rows"]:
-                if r["system"] != "epkit" or r.get("layout", "masked") != layout or r.get("path", "auto") != "auto":
+                if r["system"] != "epkit" or r.get("layout", "masked") != layout or r.get("path", "auto") != path:
                     continue
                 tot, gr = acc[(r["preset"], r["tokens"])]
                 tot.append(r["total_us_median"])
@@ -42,6 +42,7 @@ def main():
     ap.add_argument("--trees", default="old,tip")
     ap.add_argument("--labels", default=None, help="one per tree, comma-separated")
     ap.add_argument("--layout", default="masked")
+    ap.add_argument("--path", default="auto", help='the rows\' path field, e.g. "auto+device-m" (--device-m runs)')
     ap.add_argument("--target", action="append", default=[], help="preset:tokens=us")
     ap.add_argument("--floor", type=float, default=None, help="harness floor of the two timed calls (us)")
     ap.add_argument("--title", default=None)
@@ -51,8 +52,10 @@ def main():
     labels = a.labels.split(",") if a.labels else trees
     if len(labels) != len(trees):
         sys.exit("--labels needs one label per tree")
-    data = load(a.ab_dir, trees, a.layout)
+    data = load(a.ab_dir, trees, a.layout, a.path)
     cases = sorted(set.intersection(*(set(d) for d in data.values())), key=lambda k: (k[0], k[1]))
+    if not cases:
+        sys.exit(f"no rows with path '{a.path}' and layout '{a.layout}' common to {', '.join(trees)}")
     if a.tokens:
         keep = {int(t) for t in a.tokens.split(",")}
         cases = [c for c in cases if c[1] in keep]
