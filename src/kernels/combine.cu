@@ -621,15 +621,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   // m (reported by dispatch_send only: one bad m is one error, not one per kernel of the layer).
   // With m on the device, the decode kernel loads it once for both halves: loaded again by the
   // token side, after its partials, it was one more round trip on that chain (sessions 38 and 40:
-  // graph -0.1 to -0.3 us per pair). Kept in a register across the send half, it spilled (a stack
+  // graph -0.1 to -0.4 us per pair). Kept in a register across the send half, it spilled (a stack
   // frame, SASS, CUDA 13.0), so each warp keeps its copy in shared memory: every lane stores the
   // same value and reads it back, so no lane waits for another. With m on the host there is nothing
   // to load: done the same way, it cost 0.1-0.2 us of graph time per pair there (session 38), so
   // those calls read the parameter as before. (The other kernels, where m's register spilled too,
   // load it in each half.)
-  constexpr bool kMOnce = kDecode;
-  const bool m_kept = kMOnce && do_send && do_recv && io.m.dev_m != nullptr;
-  __shared__ int m_of_warp[kMOnce ? kWarps : 1];
+  const bool m_kept = kDecode && do_send && do_recv && io.m.dev_m != nullptr;
+  __shared__ int m_of_warp[kDecode ? kWarps : 1];
   const int m = do_send ? resolve_num_tokens(p, io.m, kPhaseCombineSend, seq, false) : 0;
   if (m_kept) m_of_warp[threadIdx.x / kWarpSize] = m;
   const bool tail_warp = blockIdx.x == gridDim.x - 1 && threadIdx.x / kWarpSize == kWarps - 1;
