@@ -63,6 +63,12 @@ ab_ncu() {
     build-gpu/bin/epkit-run -n 1 -- build-gpu/bin/epkit-bench "$@" > "$W/ncu-$tag.log" 2>&1
   echo "ncu $tag rc=$? t=$(( $(date +%s) - t0 ))"
   grep -E "==PROF==|==ERROR==" "$W/ncu-$tag.log" | sort | uniq -c | head -8
+  ab_ncu_export "$tag"
+}
+# ab_ncu_export TAG: $W/prof-TAG.ncu-rep (if there) as its details page and source CSVs (SASS, and
+# CUDA + SASS), xz-compressed into $W; the report itself is removed (too large to bring back).
+ab_ncu_export() {
+  local tag=$1 f
   [ -f "$W/prof-$tag.ncu-rep" ] || return 0
   ncu -i "$W/prof-$tag.ncu-rep" --page details --print-details all > "$W/details-$tag.txt" 2>&1
   ncu -i "$W/prof-$tag.ncu-rep" --page source --csv --print-source sass > "$W/source-sass-$tag.csv" 2>&1

@@ -19,16 +19,10 @@ for m in host device; do
   extra=(); [ $m = device ] && extra=(--device-m)
   EPKIT_LOCAL_KERNELS=0 timeout $(lim 120) ncu --clock-control none --cache-control none --target-processes all \
     --profile-from-start off --graph-profiling graph --section WarpStateStats --section SourceCounters \
-    --import-source yes -o $W/graph-$m build-gpu/bin/epkit-run -n 1 -- build-gpu/bin/epkit-bench \
+    --import-source yes -o $W/prof-graph-$m build-gpu/bin/epkit-run -n 1 -- build-gpu/bin/epkit-bench \
     --preset decode --tokens 1 --no-baselines --profile-graph "${extra[@]}" > $W/ncu-$m.log 2>&1
   echo "ncu $m rc=$? t=$(( $(date +%s) - t0 ))"
   grep -E "==PROF==|==ERROR==|==WARNING==" $W/ncu-$m.log | sort | uniq -c | head -8
-  [ -f $W/graph-$m.ncu-rep ] || continue
-  ncu -i $W/graph-$m.ncu-rep --page details --print-details all > $W/details-$m.txt 2>&1
-  ncu -i $W/graph-$m.ncu-rep --page source --csv --print-source sass > $W/source-sass-$m.csv 2>&1
-  ncu -i $W/graph-$m.ncu-rep --page source --csv --print-source cuda,sass > $W/source-cuda-sass-$m.csv 2>&1
-  head -c 600 $W/source-sass-$m.csv; echo
-  for f in $W/details-$m.txt $W/source-*-$m.csv; do [ -s $f ] && xz -6 -T8 $f; done
-  rm -f $W/graph-$m.ncu-rep
+  ab_ncu_export graph-$m  # details-graph-$m.txt.xz, source-sass-graph-$m.csv.xz, source-cuda-sass-...
 done
 source scripts/ab-call-end.sh
