@@ -99,7 +99,8 @@ def main():
         insts = []
         for r in rows:
             addr, sass = r[ix["Address"]], r[ix["Source"]].strip()
-            n = num(r[ix["Instructions Executed"]])
+            # Without the InstructionStats section (warp sampling alone) there is no executed count.
+            n = num(r[ix["Instructions Executed"]]) if "Instructions Executed" in ix else 0
             s = num(r[ix["Warp Stall Sampling (All Samples)"]])
             reasons = {h[6:]: num(r[ix[h]]) for h in stalls if num(r[ix[h]]) > 0}
             tot.update(reasons)
