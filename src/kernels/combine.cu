@@ -436,9 +436,14 @@ __device__ __forceinline__ void recv_partials(const CommParams& p, const Combine
   // block's last warp down, on warps the send groups leave free, they gained nothing at 1-4 tokens
   // and lost 0.3-0.4 us at 128: session 19.)
   const int q0 = m * nsc <= nw ? warp * gridDim.x + blockIdx.x : gw;
+  // Detail stamps (session 41): between "partials sent" and "idx loaded" 0.40 us remained with the
+  // index already in shared memory; these split it into the way here, the unit's arithmetic and
+  // the load.
+  EPKIT_STAGE_BY(p, kStDetRecvEntry, 0, m);
 
   for (int q = q0; q < m * nsc; q += nw) {
     const int t = div_by_mul(q, nsc, p.combine_slices_mul), sl = q - t * nsc;
+    EPKIT_STAGE_BY(p, kStDetUnitTaken, 0, t);
     const int e = lane < K ? read_expert(p, io.topk_idx, io.idx_type, static_cast<int64_t>(t) * K + lane,
                                          kPhaseCombineRecv, t, seq, false)
                            : -1;

@@ -49,7 +49,8 @@ enum Stage : int32_t {
   // by the thread that takes it ("d": dispatch_recv, "c": combine; 0: thread 0, N: the last thread,
   // 1-3: warps 1-3's thread 0).
   kStDetCountsWaited0, kStDetCountsWaitedN, kStDetOffsetsLoop, kStDetMsgOffsets, kStDetDataWaited, kStDetPartial1,
-  kStDetPartial2, kStDetPartial3, kStDetIdxLoaded, kStDetFirstRound, kStDetReadyRound, kNumStages
+  kStDetPartial2, kStDetPartial3, kStDetIdxLoaded, kStDetFirstRound, kStDetReadyRound, kStDetRecvEntry,
+  kStDetUnitTaken, kNumStages
 };
 // "copy loaded": the general receive copy's header is back (thread 0's last slice); "rows summed":
 // combine_send's expert rows of thread 0's last slice are summed, before its stores and flag;
@@ -66,7 +67,8 @@ inline const char* stage_name(int s) {
                             "ranks taken",    "slices stored",   "send synced",
                             "d0 counts waited", "dN counts waited", "d0 offsets loop", "d0 msg offsets",
                             "dN data waited", "c1 partial sent", "c2 partial sent", "c3 partial sent",
-                            "c0 idx loaded", "c0 first round", "c0 ready round"};
+                            "c0 idx loaded", "c0 first round", "c0 ready round", "c0 recv entry",
+                            "c0 unit taken"};
   static_assert(sizeof(n) / sizeof(n[0]) == kNumStages, "one name per stage");
   return s >= 0 && s < kNumStages ? n[s] : "?";
 }
