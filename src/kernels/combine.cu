@@ -619,7 +619,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     combine_kernel(const __grid_constant__ CommParams p, const __grid_constant__ CombineIO io, bool do_send,
                    bool do_recv) {
   extern __shared__ int smem[];
-  if constexpr (kDecode) touch_param_lines(p, io, kCombineTouchWarp);
+  if constexpr (kDecode) touch_param_lines_if(p, io, touch_warp_spread(kCombineTouchWarp, true));
   wait_previous_kernel();
   // This call's seq, as dispatch_recv stored it (not waited for until used).
   const uint64_t seq = *reinterpret_cast<volatile uint64_t*>(&p.state->combine_seq);

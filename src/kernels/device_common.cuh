@@ -156,12 +156,23 @@ __device__ __forceinline__ uint32_t param_lines_xor(const T& a) {
 #ifndef EPKIT_PARAM_TOUCH
 #define EPKIT_PARAM_TOUCH 1
 #endif
+// A/B switch (session 42, EPKIT_AB_FLAGS=-DEPKIT_PARAM_TOUCH_GRID=1): the touch also reads gridDim.x,
+// whose constant line (c[0x0][0x0..0x3f]) lies below the parameters: session 41's ncu sampling of the
+// combine had 6 of its 20 IMC-miss samples on it (nw = gridDim.x * kWarps on the token side).
+#ifndef EPKIT_PARAM_TOUCH_GRID
+#define EPKIT_PARAM_TOUCH_GRID 0
+#endif
+template <typename IO>
+__device__ __forceinline__ void touch_param_lines_if(const CommParams& p, const IO& io, bool on) {
+  __shared__ uint32_t sink;
+  if (!EPKIT_PARAM_TOUCH || !on) return;
+  uint32_t x = param_lines_xor(p) ^ param_lines_xor(io);
+  if (EPKIT_PARAM_TOUCH_GRID) x ^= gridDim.x;  // c[0x0][0xc]: the driver's line below the parameters
+  if (threadIdx.x % kWarpSize == 0) *static_cast<volatile uint32_t*>(&sink) = x;
+}
 template <typename IO>
 __device__ __forceinline__ void touch_param_lines(const CommParams& p, const IO& io, int warp = kWarps - 1) {
-  __shared__ uint32_t sink;
-  if (!EPKIT_PARAM_TOUCH || threadIdx.x / kWarpSize != warp) return;
-  const uint32_t x = param_lines_xor(p) ^ param_lines_xor(io);
-  if (threadIdx.x % kWarpSize == 0) *static_cast<volatile uint32_t*>(&sink) = x;
+  touch_param_lines_if(p, io, threadIdx.x / kWarpSize == warp);
 }
 // The general decode kernels touch them on a warp that has no work at decode (dispatch: warp 14,
 // past the sending block's slice, send_slot and count warps for up to 288 experts; combine: warp
@@ -172,6 +183,19 @@ __device__ __forceinline__ void touch_param_lines(const CommParams& p, const IO&
 // 4 tokens, m on the host and on the device); event-timed within the rounds' spread.
 constexpr int kDispatchTouchWarp = kWarps - 2;
 constexpr int kCombineTouchWarp = kWarps - 3;
+// A/B switch (session 42, EPKIT_AB_FLAGS=-DEPKIT_PARAM_TOUCH_SPREAD=1): the touch also on the three
+// warps below the touch warp, so on every SM sub-partition (warp w runs on sub-partition w % 4).
+// Why: the immediate-constant cache behind c[bank][offset] operands may be per sub-partition
+// (bench/results/ab-w1-s42/const_probe.cu asks); session 41's ncu sampling found IMC misses on lines
+// the one-warp touch had loaded. Those warps have no work at decode, except in the dispatch's last
+// block, whose warps up to 13 write the count words (V3): there the touch warp alone, as now.
+#ifndef EPKIT_PARAM_TOUCH_SPREAD
+#define EPKIT_PARAM_TOUCH_SPREAD 0
+#endif
+__device__ __forceinline__ bool touch_warp_spread(int touch_warp, bool spread) {
+  const int w = threadIdx.x / kWarpSize;
+  return w == touch_warp || (EPKIT_PARAM_TOUCH_SPREAD && spread && w < touch_warp && w >= touch_warp - 3);
+}
 
 // kernel<<<shape.blocks, kThreads, shape.smem_bytes, stream>>>(args...), allowed to be scheduled
 // before the previous kernel in the stream ends (programmatic stream serialization); the kernel
