@@ -7,8 +7,9 @@
 # - one round of stage stamps of the landed kernels with the token side's detail stamps (library
 #   stland, session 41's prepared call 2: -DEPKIT_STAGE_TIMERS -DEPKIT_STAGE_DETAIL), m on the host;
 # - general kernels at W = 1 (EPKIT_LOCAL_KERNELS=0), tip against "spread" (-DEPKIT_PARAM_TOUCH_SPREAD=1:
-#   the decode kernels' parameter touch on one warp per sub-partition), 8 rounds, m on the host and
-#   on the device;
+#   the decode kernels' parameter touch on one warp per sub-partition) and "spreadg" (spread and
+#   -DEPKIT_PARAM_TOUCH_GRID=1: the touch also reads gridDim's line), 8 rounds, m on the host and on
+#   the device;
 # - the W = 1 run (comm-w1), which refreshes bench/results/h200-w1-latest.json on an H200;
 # - the GPU suite if 130 s are left.
 # Libraries: scripts/bench-ab.sh prepare-lib, EPKIT_AB_UNITS="kernels/dispatch kernels/combine".
@@ -24,8 +25,8 @@ export EPKIT_CALL_BUDGET=${EPKIT_CALL_BUDGET:-570}
 source scripts/ab-call-start.sh $OUT/c1
 nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader | tee $W/gpu.txt
 ab_stages stamps 40 "stland" --preset decode,decode-v2lite --tokens 1,4 --no-baselines
-ab_libs host 8 80 "spread" --preset decode,decode-v2lite --tokens 1,4,128 --no-baselines
-ab_libs devm 8 80 "spread" --preset decode,decode-v2lite --tokens 1,4 --no-baselines --device-m
+ab_libs host 8 90 "spread spreadg" --preset decode,decode-v2lite --tokens 1,4,128 --no-baselines
+ab_libs devm 8 80 "spread spreadg" --preset decode,decode-v2lite --tokens 1,4 --no-baselines --device-m
 PHASE_TIMEOUT=$(lim 200) TAIL=4 scripts/gpu-session.sh "$W/w1" comm-w1
 echo "comm-w1 t=$(( $(date +%s) - t0 ))"
 [ $(lim 200) -ge 130 ] && ab_gpu_suite 200
