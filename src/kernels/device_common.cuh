@@ -156,6 +156,14 @@ __device__ __forceinline__ uint32_t param_lines_xor(const T& a) {
 #ifndef EPKIT_PARAM_TOUCH
 #define EPKIT_PARAM_TOUCH 1
 #endif
+// A/B switch (session 42, EPKIT_AB_FLAGS=-DEPKIT_PARAM_TOUCH_UNIFORM=1): every lane stores the xor.
+// With lane 0 alone storing it, ptxas reads the words by LDC (SASS, CUDA 13.0: ten LDC and one
+// ULDC in the decode combine's touch), which goes through the indexed constant cache; the kernels'
+// own parameter reads are mostly ULDC and c[bank][offset] operands, which go through the immediate
+// one (IMC). With a uniform store the touch's reads are ULDCs too.
+#ifndef EPKIT_PARAM_TOUCH_UNIFORM
+#define EPKIT_PARAM_TOUCH_UNIFORM 0
+#endif
 // A/B switch (session 42, EPKIT_AB_FLAGS=-DEPKIT_PARAM_TOUCH_GRID=1): the touch also reads gridDim.x,
 // whose constant line (c[0x0][0x0..0x3f]) lies below the parameters: session 41's ncu sampling of the
 // combine had 6 of its 20 IMC-miss samples on it (nw = gridDim.x * kWarps on the token side).
@@ -168,7 +176,7 @@ __device__ __forceinline__ void touch_param_lines_if(const CommParams& p, const 
   if (!EPKIT_PARAM_TOUCH || !on) return;
   uint32_t x = param_lines_xor(p) ^ param_lines_xor(io);
   if (EPKIT_PARAM_TOUCH_GRID) x ^= gridDim.x;  // c[0x0][0xc]: the driver's line below the parameters
-  if (threadIdx.x % kWarpSize == 0) *static_cast<volatile uint32_t*>(&sink) = x;
+  if (EPKIT_PARAM_TOUCH_UNIFORM || threadIdx.x % kWarpSize == 0) *static_cast<volatile uint32_t*>(&sink) = x;
 }
 template <typename IO>
 __device__ __forceinline__ void touch_param_lines(const CommParams& p, const IO& io, int warp = kWarps - 1) {
