@@ -4,8 +4,6 @@
 # identical to e24d780's, checked with cuobjdump). In order:
 # - the constant-cache probe (const_probe.cu, this folder): is the immediate-constant cache per SM
 #   sub-partition, and how large; seconds, no build;
-# - one round of stage stamps of the landed kernels with the token side's detail stamps (library
-#   stland, session 41's prepared call 2: -DEPKIT_STAGE_TIMERS -DEPKIT_STAGE_DETAIL), m on the host;
 # - general kernels at W = 1 (EPKIT_LOCAL_KERNELS=0), tip against three libraries, 8 rounds, m on the
 #   host and on the device:
 #   u   = -DEPKIT_PARAM_TOUCH_UNIFORM=1: the decode kernels' parameter touch stored by every lane, so
@@ -15,6 +13,8 @@
 #         sub-partition, and gridDim's line with it;
 #   usp = us + -DEPKIT_AB_TOKEN_PIN=1: the combine's token side reads its parameters at once after
 #         its partials;
+#   (between the two: one round of stage stamps of the landed kernels with the token side's detail
+#   stamps, library stland, session 41's prepared call 2: -DEPKIT_STAGE_TIMERS -DEPKIT_STAGE_DETAIL);
 # - the W = 1 run (comm-w1), which refreshes bench/results/h200-w1-latest.json on an H200, if 150 s
 #   are left of EPKIT_CALL_BUDGET;
 # - the GPU suite if 130 s are left.
@@ -30,8 +30,8 @@ echo "const_probe rc=$?"; cat $OUT/c1/const_probe.txt
 export EPKIT_CALL_BUDGET=${EPKIT_CALL_BUDGET:-570}
 source scripts/ab-call-start.sh $OUT/c1
 nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader | tee $W/gpu.txt
-ab_stages stamps 40 "stland" --preset decode,decode-v2lite --tokens 1,4 --no-baselines
 ab_libs host 8 100 "u us usp" --preset decode,decode-v2lite --tokens 1,4,128 --no-baselines
+ab_stages stamps 40 "stland" --preset decode,decode-v2lite --tokens 1,4 --no-baselines
 ab_libs devm 8 90 "u us usp" --preset decode,decode-v2lite --tokens 1,4 --no-baselines --device-m
 if [ $(lim 200) -ge 150 ]; then  # the device time left this session decides the budget: these last
   PHASE_TIMEOUT=$(lim 200) TAIL=4 scripts/gpu-session.sh "$W/w1" comm-w1
