@@ -18,6 +18,8 @@
 # - the W = 1 run (comm-w1), which refreshes bench/results/h200-w1-latest.json on an H200, if 150 s
 #   are left of EPKIT_CALL_BUDGET;
 # - the GPU suite if 130 s are left.
+# EPKIT_CALL_MIN=1 (for a call of under 300 s of device time, session 43): the probe, the build and a
+# 4-round host A/B at 1 and 4 tokens only, and the stamps if 45 s are left.
 # Libraries: scripts/bench-ab.sh prepare-lib, EPKIT_AB_UNITS="kernels/dispatch kernels/combine".
 # Copy to .ab/run.sh (with .ab/commit); carry [".deps/wheels", ".deps/googletest", ".ab"].
 set -u
@@ -30,6 +32,12 @@ echo "const_probe rc=$?"; cat $OUT/c1/const_probe.txt
 export EPKIT_CALL_BUDGET=${EPKIT_CALL_BUDGET:-570}
 source scripts/ab-call-start.sh $OUT/c1
 nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader | tee $W/gpu.txt
+if [ "${EPKIT_CALL_MIN:-0}" = 1 ]; then
+  ab_libs host 4 100 "u us usp" --preset decode,decode-v2lite --tokens 1,4 --no-baselines
+  [ $(lim 100) -ge 45 ] && ab_stages stamps 40 "stland" --preset decode,decode-v2lite --tokens 1,4 --no-baselines
+  source scripts/ab-call-end.sh
+  return 0 2>/dev/null || exit 0
+fi
 ab_libs host 8 100 "u us usp" --preset decode,decode-v2lite --tokens 1,4,128 --no-baselines
 ab_stages stamps 40 "stland" --preset decode,decode-v2lite --tokens 1,4 --no-baselines
 ab_libs devm 8 90 "u us usp" --preset decode,decode-v2lite --tokens 1,4 --no-baselines --device-m
