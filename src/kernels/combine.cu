@@ -611,34 +611,6 @@ __device__ __forceinline__ void wait_barrier(const CommParams& p, uint64_t seq) 
 #endif
 }
 
-// A/B switch (session 42, EPKIT_AB_FLAGS=-DEPKIT_AB_TOKEN_PIN=1): the decode combine's token side
-// reads every parameter it uses at once, after its partials, instead of each where the code first
-// needs it. SASS (CUDA 13.0) of that stretch, from the partial's stores to the index load: do_recv
-// (c[0x0][0x431]) and an EXIT on it, m (0x410), then 0x2ac, 0x400, 0x3e0, 0x28c, 0x210, 0x3f8: the
-// 64-byte lines 0x400, 0x280, 0x3c0 and 0x200, each first read where its value is used. If the
-// immediate-constant cache is per SM sub-partition (const_probe.cu asks) and warp 0 has not read
-// those lines, the misses come one after the other; an xor of them all, stored, sends the reads out
-// together and the warp waits once. (The stretch measured 0.40 us with the index already in shared
-// memory, session 41.)
-#ifndef EPKIT_AB_TOKEN_PIN
-#define EPKIT_AB_TOKEN_PIN 0
-#endif
-__device__ __forceinline__ void pin_token_side_params(const CommParams& p, const CombineIO& io, bool do_recv) {
-#if EPKIT_AB_TOKEN_PIN
-  // One xor of them all, stored to a shared word nobody reads (an empty asm taking them as inputs
-  // left no instruction for ptxas to wait on: the reads stayed where they were).
-  __shared__ uint32_t sink;
-  const auto lo = [](const void* q) { return static_cast<uint32_t>(reinterpret_cast<uintptr_t>(q)); };
-  uint32_t x = static_cast<uint32_t>(do_recv) ^ static_cast<uint32_t>(io.m.host_m) ^ static_cast<uint32_t>(p.topk) ^
-               static_cast<uint32_t>(p.max_tokens) ^ static_cast<uint32_t>(p.hidden) ^
-               static_cast<uint32_t>(p.combine_slices) ^ static_cast<uint32_t>(p.combine_row_bytes) ^ p.rank_div ^
-               static_cast<uint32_t>(p.world_size) ^ static_cast<uint32_t>(io.idx_type);
-  x ^= static_cast<uint32_t>(p.combine_slices_mul) ^ static_cast<uint32_t>(p.off_combine_flag) ^
-       static_cast<uint32_t>(p.off_combine_recv) ^ lo(io.out) ^ lo(io.topk_idx) ^ lo(p.sym);
-  *static_cast<volatile uint32_t*>(&sink) = x;  // every lane: a uniform value, so uniform reads (ULDC)
-#endif
-}
-
 // __grid_constant__: the cold paths take p by reference; without it every thread keeps a stack
 // copy of it (docs/ARCHITECTURE.md, kernel code conventions).
 // kDecode: the small P2P variant's decode kernel (combine_decode_kernel).
@@ -647,7 +619,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     combine_kernel(const __grid_constant__ CommParams p, const __grid_constant__ CombineIO io, bool do_send,
                    bool do_recv) {
   extern __shared__ int smem[];
-  if constexpr (kDecode) touch_param_lines_if(p, io, touch_warp_spread(kCombineTouchWarp, true));
+  if constexpr (kDecode) touch_param_lines(p, io, kCombineTouchWarp);
   wait_previous_kernel();
   // This call's seq, as dispatch_recv stored it (not waited for until used).
   const uint64_t seq = *reinterpret_cast<volatile uint64_t*>(&p.state->combine_seq);
@@ -671,7 +643,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   static_assert(!kDecode || (!kLarge && kP2P), "the decode kernel: the small P2P variant only");
   if (do_send) combine_send<Tin, Tout, kLarge, kP2P, kDecode>(p, io, seq, m, smem);
-  if constexpr (kDecode) pin_token_side_params(p, io, do_recv);
   EPKIT_STAGE(p, kStPartialsSent);
   EPKIT_STAGE_BY(p, kStDetPartial1, kWarpSize, 0);
   EPKIT_STAGE_BY(p, kStDetPartial2, 2 * kWarpSize, 0);

@@ -156,31 +156,12 @@ __device__ __forceinline__ uint32_t param_lines_xor(const T& a) {
 #ifndef EPKIT_PARAM_TOUCH
 #define EPKIT_PARAM_TOUCH 1
 #endif
-// A/B switch (session 42, EPKIT_AB_FLAGS=-DEPKIT_PARAM_TOUCH_UNIFORM=1): every lane stores the xor.
-// With lane 0 alone storing it, ptxas reads the words by LDC (SASS, CUDA 13.0: ten LDC and one
-// ULDC in the decode combine's touch), which goes through the indexed constant cache; the kernels'
-// own parameter reads are mostly ULDC and c[bank][offset] operands, which go through the immediate
-// one (IMC). With a uniform store the touch's reads are ULDCs too.
-#ifndef EPKIT_PARAM_TOUCH_UNIFORM
-#define EPKIT_PARAM_TOUCH_UNIFORM 0
-#endif
-// A/B switch (session 42, EPKIT_AB_FLAGS=-DEPKIT_PARAM_TOUCH_GRID=1): the touch also reads gridDim.x,
-// whose constant line (c[0x0][0x0..0x3f]) lies below the parameters: session 41's ncu sampling of the
-// combine had 6 of its 20 IMC-miss samples on it (nw = gridDim.x * kWarps on the token side).
-#ifndef EPKIT_PARAM_TOUCH_GRID
-#define EPKIT_PARAM_TOUCH_GRID 0
-#endif
-template <typename IO>
-__device__ __forceinline__ void touch_param_lines_if(const CommParams& p, const IO& io, bool on) {
-  __shared__ uint32_t sink;
-  if (!EPKIT_PARAM_TOUCH || !on) return;
-  uint32_t x = param_lines_xor(p) ^ param_lines_xor(io);
-  if (EPKIT_PARAM_TOUCH_GRID) x ^= gridDim.x;  // c[0x0][0xc]: the driver's line below the parameters
-  if (EPKIT_PARAM_TOUCH_UNIFORM || threadIdx.x % kWarpSize == 0) *static_cast<volatile uint32_t*>(&sink) = x;
-}
 template <typename IO>
 __device__ __forceinline__ void touch_param_lines(const CommParams& p, const IO& io, int warp = kWarps - 1) {
-  touch_param_lines_if(p, io, threadIdx.x / kWarpSize == warp);
+  __shared__ uint32_t sink;
+  if (!EPKIT_PARAM_TOUCH || threadIdx.x / kWarpSize != warp) return;
+  const uint32_t x = param_lines_xor(p) ^ param_lines_xor(io);
+  if (threadIdx.x % kWarpSize == 0) *static_cast<volatile uint32_t*>(&sink) = x;
 }
 // The general decode kernels touch them on a warp that has no work at decode (dispatch: warp 14,
 // past the sending block's slice, send_slot and count warps for up to 288 experts; combine: warp
@@ -189,21 +170,15 @@ __device__ __forceinline__ void touch_param_lines(const CommParams& p, const IO&
 // tail): +0.1 to +0.3 us. On the idle warps, session 40 measured graph 0 to -0.3 us per pair and
 // stage stamps 0.05-0.24 us earlier at the combine's exit in all eight cases (V3 and V2-Lite, 1 and
 // 4 tokens, m on the host and on the device); event-timed within the rounds' spread.
+// The touch reads the words by LDC (lane 0 stores the xor), the kernels' own reads go through the
+// immediate-constant cache (IMC), which a probe found to be per SM sub-partition, about 2-4 KB, with
+// a miss costing about 60 cycles (30 ns) more than a hit (session 44, one H100,
+// bench/results/ab-w1-s42/call1/const_probe.txt). Touching by ULDC, on one warp per sub-partition,
+// or pinning the combine token side's parameters together changed nothing beyond the spread at 1-4
+// tokens and cost the combine 0.3-0.5 us at 4 and 128 tokens (same call; the switches were removed,
+// docs/perf-notes/2026-12-07-constant-cache-s42.md).
 constexpr int kDispatchTouchWarp = kWarps - 2;
 constexpr int kCombineTouchWarp = kWarps - 3;
-// A/B switch (session 42, EPKIT_AB_FLAGS=-DEPKIT_PARAM_TOUCH_SPREAD=1): the touch also on the three
-// warps below the touch warp, so on every SM sub-partition (warp w runs on sub-partition w % 4).
-// Why: the immediate-constant cache behind c[bank][offset] operands may be per sub-partition
-// (bench/results/ab-w1-s42/const_probe.cu asks); session 41's ncu sampling found IMC misses on lines
-// the one-warp touch had loaded. Those warps have no work at decode, except in the dispatch's last
-// block, whose warps up to 13 write the count words (V3): there the touch warp alone, as now.
-#ifndef EPKIT_PARAM_TOUCH_SPREAD
-#define EPKIT_PARAM_TOUCH_SPREAD 0
-#endif
-__device__ __forceinline__ bool touch_warp_spread(int touch_warp, bool spread) {
-  const int w = threadIdx.x / kWarpSize;
-  return w == touch_warp || (EPKIT_PARAM_TOUCH_SPREAD && spread && w < touch_warp && w >= touch_warp - 3);
-}
 
 // kernel<<<shape.blocks, kThreads, shape.smem_bytes, stream>>>(args...), allowed to be scheduled
 // before the previous kernel in the stream ends (programmatic stream serialization); the kernel

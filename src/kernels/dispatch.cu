@@ -819,7 +819,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     dispatch_kernel(const __grid_constant__ CommParams p, const __grid_constant__ DispatchIO io, bool do_send,
                     bool do_recv) {
   extern __shared__ int smem[];
-  if constexpr (kDecode) touch_param_lines_if(p, io, touch_warp_spread(kDispatchTouchWarp, blockIdx.x != gridDim.x - 1));
+  if constexpr (kDecode) touch_param_lines(p, io, kDispatchTouchWarp);
   wait_previous_kernel();
   const uint64_t seq = *reinterpret_cast<volatile uint64_t*>(&p.state->seq);  // not waited for until used
   SendDone sent;
