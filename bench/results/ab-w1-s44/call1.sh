@@ -7,6 +7,8 @@
 # Carry [".deps/wheels", ".deps/googletest"]. Logs: $OUT/c2.tgz.
 set -u
 export NVSHMEM_DISABLE_NVLS=1 NCCL_NVLS_ENABLE=0
+# The tree's commit for the JSONs (the machine's copy has no history of its own): EPKIT_COMMIT=...
+# on the run's command line (this call ran without it: see README).
 L=$OUT/c2; mkdir -p $L
 nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader | tee $L/gpu.txt
 TAIL=3 PHASE_TIMEOUT=300 scripts/gpu-session.sh $L/s build comm-w1 > $L/session.txt 2>&1
