@@ -2,10 +2,11 @@
 
 Two APIs over one implementation:
 
-* ``epkit.AllToAll`` with ``internode``/``intranode``/``dispatch``/``combine``/``destroy`` and the
-  ``nvshmem_*`` helpers: the pplx-kernels API (``import epkit as pplx_kernels`` style ports).
-* ``epkit.ExpertAllToAll`` + ``epkit.AllToAllConfig``: keyword names of the C++ config, returned
-  outputs, split send/recv halves, and the expert-packed layout (``layout="packed"``).
+* ``epkit.AllToAll`` + ``epkit.AllToAllConfig``: the native API, with the C++ class's names: keyword
+  names of the C++ config, returned outputs, split send/recv halves, and the expert-packed layout
+  (``layout="packed"``).
+* ``epkit.pplx``: the pplx-kernels API (``import epkit.pplx as pplx_kernels``): ``AllToAll`` with
+  ``internode``/``intranode``/``dispatch``/``combine``/``destroy`` and the ``nvshmem_*`` helpers.
 * ``epkit.MoELayer`` (router to combine, plus the shared expert) and the expert-compute kernels as
   functional ops: ``route``, ``quantize``, ``quantize_weights``, ``grouped_gemm``,
   ``silu_mul_quantize`` (epkit.moe; torch custom ops ``epkit::moe_*`` under torch.compile).
@@ -14,8 +15,7 @@ Errors from the library raise ``epkit.EpkitError`` (a RuntimeError) with the C++
 """
 
 from ._lib import NVSHMEM_HOST_PATH, EpkitError, _C
-from .all_to_all import DispatchOutput, ExpertAllToAll
-from .compat import AllToAll
+from .all_to_all import AllToAll, DispatchOutput
 from .config import AllToAllConfig
 from .moe import (
     ErrorRecord,
@@ -52,6 +52,8 @@ from .nvshmem import (
     nvshmem_unique_id_size,
 )
 
+from . import pplx  # noqa: E402  (epkit.pplx: the pplx-kernels compatible API)
+
 DType = _C.DType
 DataPath = _C.DataPath
 ExpertLayout = _C.ExpertLayout
@@ -68,7 +70,6 @@ __all__ = [
     "DType",
     "ExpertLayout",
     "EpkitError",
-    "ExpertAllToAll",
     "ErrorRecord",
     "GateProjection",
     "GroupedGemm",

@@ -1,4 +1,4 @@
-"""ExpertAllToAll: the idiomatic epkit API (keyword names of the C++ AllToAllConfig and call args).
+"""AllToAll: the idiomatic epkit API (keyword names of the C++ AllToAllConfig and call args).
 
 Every call launches on the caller's current CUDA stream of this PE's device, does not synchronise
 the host and allocates only what it is asked to return, so dispatch/combine can be captured in a
@@ -54,10 +54,10 @@ def _num_tokens(num_tokens: NumTokens, topk_idx):
     return int(num_tokens), None
 
 
-class ExpertAllToAll:
+class AllToAll:
     """Expert-parallel dispatch and combine over NVSHMEM. Construction is collective.
 
-    ``ExpertAllToAll(AllToAllConfig(...))`` or ``ExpertAllToAll(num_experts=..., hidden=..., ...)``.
+    ``AllToAll(AllToAllConfig(...))`` or ``AllToAll(num_experts=..., hidden=..., ...)``.
     Call destroy() (collective) when done, or use it as a context manager; an object dropped without
     it keeps its symmetric memory until nvshmem_finalize(), because freeing is collective.
     """

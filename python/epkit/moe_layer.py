@@ -3,7 +3,7 @@
     out = sum_k w_k * expert_k(x) + shared(x),  expert(x) = W2 . (silu(W1 x) * (W3 x)) in FP8
 
 The C++ epkit::MoELayer (include/epkit/moe_layer.hpp) owns its AllToAll objects (two under the
-microbatch schedule), so it lives on this process's NVSHMEM PE like epkit.ExpertAllToAll: call
+microbatch schedule), so it lives on this process's NVSHMEM PE like epkit.AllToAll: call
 epkit.nvshmem_init first (world size 1 is fine: one GPU serving the whole model), and create and
 destroy() layers in the same order on every rank (both are collective).
 

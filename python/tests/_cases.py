@@ -44,7 +44,7 @@ def combo_problem(world_size, dp_size, payload, cin, cout):
 
 def pplx_all_to_all(p: Problem, rank):
     """An AllToAll created the pplx way: only hidden_dim_bytes says the element size."""
-    return epkit.AllToAll.internode(p.max_tokens, p.num_experts, p.experts_per_token, rank, p.world_size, p.dp_size,
+    return epkit.pplx.AllToAll.internode(p.max_tokens, p.num_experts, p.experts_per_token, rank, p.world_size, p.dp_size,
                                     p.hidden, p.hidden_dim_bytes, p.hidden_dim_scale_bytes)
 
 
@@ -149,7 +149,7 @@ def compat_correctness(rank, world_size, dp_size, sizes=("16-bit", "fp8")):
 
 
 def idiomatic(rank, world_size):
-    """ExpertAllToAll with config keyword names: fp16 payload, fp32 expert outputs, bf16 output,
+    """AllToAll with config keyword names: fp16 payload, fp32 expert outputs, bf16 output,
     int64 indices, returned outputs and split halves."""
     dev = _device()
     p = Problem(world_size, 1, 4 * world_size, TOP_K, HIDDEN, MAX_TOKENS, torch.float16, torch.float32, torch.bfloat16)
@@ -157,7 +157,7 @@ def idiomatic(rank, world_size):
                                max_tokens_per_rank=MAX_TOKENS, dp_size=1, dispatch_dtype="fp16",
                                combine_in_dtype=torch.float32, combine_out_dtype="bf16")
     cfg.validate()
-    with epkit.ExpertAllToAll(cfg) as ata:
+    with epkit.AllToAll(cfg) as ata:
         assert ata.num_local_experts == p.num_local_experts and ata.capacity == p.capacity
         assert ata.symmetric_bytes > 0
         for it in range(2):
@@ -191,7 +191,7 @@ def weights_at_dispatch(rank, world_size, dp_size):
     cfg = epkit.AllToAllConfig(num_experts=p.num_experts, experts_per_token=TOP_K, hidden=HIDDEN,
                                max_tokens_per_rank=MAX_TOKENS, dp_size=dp_size, dispatch_dtype="fp8_e4m3",
                                weights_at_dispatch=True)
-    with epkit.ExpertAllToAll(cfg) as ata:
+    with epkit.AllToAll(cfg) as ata:
         for it in range(3):
             tag = f"weights_at_dispatch#{it} W={world_size} dp={dp_size} rank={rank}"
             groups = all_groups(p, 900 + it, dev)
@@ -296,10 +296,10 @@ def errors(rank, world_size):
     """Bad calls raise EpkitError with the C++ message, launch nothing, and leave the object usable."""
     dev = _device()
     _expect_error(lambda: epkit.nvshmem_init(epkit.nvshmem_alloc_empty_unique_id(), rank, world_size), "already initialized")
-    _expect_error(lambda: epkit.AllToAll.internode(MAX_TOKENS, 4 * world_size, TOP_K, rank, world_size, 1,
+    _expect_error(lambda: epkit.pplx.AllToAll.internode(MAX_TOKENS, 4 * world_size, TOP_K, rank, world_size, 1,
                                                    HIDDEN, 3 * HIDDEN, 0), "hidden_dim_bytes")
     p = problem(world_size, 1, "bf16")
-    ata = epkit.AllToAll.internode(p.max_tokens, p.num_experts, p.experts_per_token, rank, world_size, 1,
+    ata = epkit.pplx.AllToAll.internode(p.max_tokens, p.num_experts, p.experts_per_token, rank, world_size, 1,
                                    p.hidden, p.hidden_dim_bytes, 0)
     compat_round(ata, p, rank, seed=1, variant="fused_host_m", rtol=1e-2, tag=f"errors before rank={rank}")
 
@@ -413,7 +413,7 @@ def nvshmem_helpers(rank, world_size):
     assert epkit._C.num_live_allocations() == live - 3
 
     # An AllToAll dropped without destroy() keeps its memory until finalize (which the harness runs).
-    a = epkit.ExpertAllToAll(num_experts=2 * world_size, experts_per_token=1, hidden=128, max_tokens_per_rank=4)
+    a = epkit.AllToAll(num_experts=2 * world_size, experts_per_token=1, hidden=128, max_tokens_per_rank=4)
     assert a.num_p2p_peers == sum(maps) - 1, f"rank {rank}: {a.num_p2p_peers} P2P peers, maps_peer gave {maps}"
     before = epkit._C.num_live_instances()
     del a
@@ -425,7 +425,7 @@ def intranode_bootstrap(rank, world_size):
     """pplx-style intranode: no nvshmem_init by the caller; epkit bootstraps over torch.distributed."""
     assert not epkit.nvshmem_initialized()
     p = problem(world_size, 1, "bf16")
-    ata = epkit.AllToAll.intranode(p.max_tokens, p.num_experts, p.experts_per_token, rank, world_size, 1,
+    ata = epkit.pplx.AllToAll.intranode(p.max_tokens, p.num_experts, p.experts_per_token, rank, world_size, 1,
                                    p.hidden, p.hidden_dim_bytes, 0, group_name="default")
     assert epkit.nvshmem_my_pe() == rank
     compat_round(ata, p, rank, seed=11, variant="fused_host_m", rtol=1e-2, tag=f"intranode rank={rank}")

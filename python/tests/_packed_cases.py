@@ -100,7 +100,7 @@ def packed_rounds(rank, world_size, dp_size, payloads, aligns):
         for align in aligns:
             cfg = config(world_size, dp_size, name, align)
             cfg.world_size = cfg.rank = None  # the PE's own
-            with epkit.ExpertAllToAll(cfg) as ata:
+            with epkit.AllToAll(cfg) as ata:
                 R = ata.packed_rows
                 assert ata.packed and ata.expert_shape() == (R, HIDDEN)
                 for it, variant in enumerate(["fused", "split", "fused_device_m", "split_device_m"]):
@@ -136,7 +136,7 @@ def packed_graph(rank, world_size, dp_size):
     p = Problem(world_size, dp_size, 4 * world_size, TOP_K, HIDDEN, MAX_TOKENS, FP8, torch.bfloat16, torch.bfloat16)
     cfg = config(world_size, dp_size, "fp8", 8)
     cfg.world_size = cfg.rank = None
-    with epkit.ExpertAllToAll(cfg) as ata:
+    with epkit.AllToAll(cfg) as ata:
         R = ata.packed_rows
         x = torch.zeros(MAX_TOKENS, HIDDEN, device=dev).to(FP8)
         xs = torch.ones(MAX_TOKENS, p.num_scales, device=dev)

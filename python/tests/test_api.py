@@ -22,7 +22,7 @@ def test_calls_before_init_raise_instead_of_crashing():
     with pytest.raises(epkit.EpkitError, match="pe must be an int"):
         epkit.nvshmem_maps_peer(0.0)
     with pytest.raises(epkit.EpkitError, match="nvshmem_init"):
-        epkit.AllToAll.internode(16, 8, 2, 0, 2, 1, 256, 512, 0)
+        epkit.pplx.AllToAll.internode(16, 8, 2, 0, 2, 1, 256, 512, 0)
     epkit.nvshmem_finalize()  # a no-op without init
 
 
@@ -64,7 +64,7 @@ def test_config_fields_are_the_cpp_fields():
 ])
 def test_pplx_constructor_rejects_unsupported_layouts(hidden_dim_bytes, scale_bytes, needle):
     with pytest.raises(epkit.EpkitError, match=needle):
-        epkit.AllToAll(max_num_tokens=16, num_experts=8, experts_per_token=2, rank=0, world_size=2, dp_size=1,
+        epkit.pplx.AllToAll(max_num_tokens=16, num_experts=8, experts_per_token=2, rank=0, world_size=2, dp_size=1,
                        hidden_dim=256, hidden_dim_bytes=hidden_dim_bytes, hidden_dim_scale_bytes=scale_bytes)
 
 
@@ -72,10 +72,10 @@ def test_pplx_constructor_creates_the_object_at_once():
     """Nothing is left for the first call to create (so any dtype may first appear in a CUDA graph
     capture): even a 16-bit AllToAll needs NVSHMEM in its constructor."""
     with pytest.raises(epkit.EpkitError, match="nvshmem_init"):
-        epkit.AllToAll(max_num_tokens=16, num_experts=8, experts_per_token=2, rank=0, world_size=2, dp_size=1,
+        epkit.pplx.AllToAll(max_num_tokens=16, num_experts=8, experts_per_token=2, rank=0, world_size=2, dp_size=1,
                        hidden_dim=256, hidden_dim_bytes=512, hidden_dim_scale_bytes=0)
     with pytest.raises(epkit.EpkitError, match="1-byte elements but hidden_dim_bytes / hidden_dim = 2"):
-        epkit.AllToAll(max_num_tokens=16, num_experts=8, experts_per_token=2, rank=0, world_size=2, dp_size=1,
+        epkit.pplx.AllToAll(max_num_tokens=16, num_experts=8, experts_per_token=2, rank=0, world_size=2, dp_size=1,
                        hidden_dim=256, hidden_dim_bytes=512, hidden_dim_scale_bytes=0,
                        dispatch_dtype=torch.float8_e4m3fn)
 

@@ -1,4 +1,7 @@
-"""AllToAll with the API of pplx-kernels' Python package, so engines switch by changing the import.
+"""epkit.pplx: the API of pplx-kernels' Python package (``import epkit.pplx as pplx_kernels``).
+
+AllToAll here is the pplx-kernels class; epkit.AllToAll is the native one it wraps. The
+``nvshmem_*`` helpers that pplx_kernels exports are re-exported here.
 
 As in pplx-kernels, each call takes its dtypes from its tensors. What the constructor fixes is only
 what sizes the symmetric buffers, the element size of the payload:
@@ -23,9 +26,21 @@ import torch
 
 from ._lib import EpkitError, _C
 from ._tensors import as_tensor, to_torch_dtype
-from .all_to_all import DispatchOutput, ExpertAllToAll, _BOTH, _RECV, _SEND
+from .all_to_all import AllToAll as _NativeAllToAll, DispatchOutput, _BOTH, _RECV, _SEND
 from .config import AllToAllConfig
-from .nvshmem import nvshmem_alloc_empty_unique_id, nvshmem_get_unique_id, nvshmem_init
+from .nvshmem import (  # noqa: F401  (re-exported: pplx_kernels' own helpers)
+    nvshmem_alloc_empty_unique_id,
+    nvshmem_alltoall,
+    nvshmem_barrier_all,
+    nvshmem_barrier_all_on_current_stream,
+    nvshmem_finalize,
+    nvshmem_get_unique_id,
+    nvshmem_init,
+    nvshmem_malloc,
+    nvshmem_my_pe,
+    nvshmem_n_pes,
+    nvshmem_unique_id_size,
+)
 
 _SCALE_BLOCK = 128
 
@@ -82,7 +97,7 @@ class AllToAll:
         if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
             raise EpkitError("AllToAll cannot be created during CUDA graph capture (it allocates and "
                              "synchronises with peers); create it before capturing")
-        self._impl: Optional[ExpertAllToAll] = ExpertAllToAll(AllToAllConfig(
+        self._impl: Optional[_NativeAllToAll] = _NativeAllToAll(AllToAllConfig(
             max_tokens_per_rank=max_num_tokens, num_experts=num_experts, experts_per_token=experts_per_token,
             rank=rank, world_size=world_size, dp_size=dp_size, hidden=hidden_dim, dispatch_dtype=payload,
             combine_in_dtype=cin, combine_out_dtype=cout, **extra))
@@ -109,7 +124,7 @@ class AllToAll:
                    rank=rank, world_size=world_size, dp_size=dp_size, hidden_dim=hidden_dim,
                    hidden_dim_bytes=hidden_dim_bytes, hidden_dim_scale_bytes=hidden_dim_scale_bytes, **kwargs)
 
-    def _require(self) -> ExpertAllToAll:
+    def _require(self) -> _NativeAllToAll:
         if self._impl is None:
             raise EpkitError("this AllToAll was destroyed")
         return self._impl
@@ -140,7 +155,7 @@ class AllToAll:
             self._impl = None
 
     @property
-    def impl(self) -> Optional[ExpertAllToAll]:
+    def impl(self) -> Optional[_NativeAllToAll]:
         """The idiomatic object underneath (None once destroyed)."""
         return self._impl
 
