@@ -95,10 +95,6 @@ class AllToAll {
   // Number of peers reached by direct loads/stores (the rest use put-with-signal).
   int num_p2p_peers() const;
 
-  // Diagnostics of builds configured with -DEPKIT_STAGE_TIMERS=ON (empty otherwise): the
-  // %globaltimer stamps (ns) that block 0 took at each stage of the last dispatch and combine,
-  // as (stage name, ns). Synchronises the device; not for use in a timed or captured region.
-  std::vector<std::pair<std::string, uint64_t>> stage_timestamps() const;
 
   struct Impl;
 

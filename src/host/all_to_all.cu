@@ -345,18 +345,6 @@ size_t AllToAll::symmetric_bytes() const { return impl_->sym_layout.total_bytes;
 size_t AllToAll::workspace_bytes() const { return impl_->ws_layout.total_bytes; }
 int AllToAll::num_p2p_peers() const { return impl_->p2p_peers; }
 
-std::vector<std::pair<std::string, uint64_t>> AllToAll::stage_timestamps() const {
-  std::vector<std::pair<std::string, uint64_t>> out;
-#ifdef EPKIT_STAGE_TIMERS
-  kernels::DeviceState st;
-  EPKIT_CUDA_CHECK(cudaDeviceSynchronize());
-  EPKIT_CUDA_CHECK(cudaMemcpy(&st, impl_->params.state, sizeof(st), cudaMemcpyDeviceToHost));
-  // The world-size-1 kernels stamp fewer stages and leave the others at 0.
-  for (int s = 0; s < kernels::kNumStages; ++s)
-    if (st.stage_ns[s] != 0) out.emplace_back(kernels::stage_name(s), st.stage_ns[s]);
-#endif
-  return out;
-}
 void AllToAll::check() const { impl_->raise_pending(); }
 
 

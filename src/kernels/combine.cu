@@ -230,7 +230,6 @@ __device__ __forceinline__ void send_partials(const CommParams& p, const Combine
           }
       }
     }
-    EPKIT_STAGE(p, kStRowsSummed);
     const int p0 = small_div(s, p.dp_mul) * D;  // the source's DP group: every member gets the partial (s * D < 2^32)
     bool any_portable = false;
     for (int dd = 0; dd < D; ++dd) any_portable |= peer_at<kP2P>(p, p0 + dd) == nullptr;
@@ -315,7 +314,6 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
   const int nw = gridDim.x * kWarps;
   CombineSmem sm{smem, smem + W};
 
-  EPKIT_STAGE(p, kStCombineStart);
   // Router weights of our own tokens to every rank we dispatched them to, into the same slot, as
   // tagged words (device_common.cuh): a P2P receiver reads each as it lands, with no counter and no
   // release; a portable one after its put's signal.
@@ -361,7 +359,6 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
     }
   }
 
-  EPKIT_STAGE(p, kStWeightsSent);
   PendingFlags flags;
   if constexpr (!kLarge && kP2P) {
     if (warp_index) {
@@ -376,7 +373,6 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
         guess.r = load_msg_row(p, guess.row);
       }
       const int total = warp_message_total(p);
-      EPKIT_STAGE(p, kStWeightsArrived);
       send_partials_grouped<Tin, Tout, true>(p, io, seq, sm, flags, total * nsc, total, guess);
       return;
     }
@@ -403,7 +399,6 @@ __device__ void combine_send(const CommParams& p, const CombineIO& io, uint64_t 
   }
   // Block-uniform (send_partials' groups meet at named barriers, so no warp may leave alone).
   const bool aborted = __syncthreads_or(abort_early != 0);
-  EPKIT_STAGE(p, kStWeightsArrived);
   if (aborted) return;
 
   // One partial per (received message, slice): see send_partials. The small P2P variant shares a
@@ -439,16 +434,13 @@ __device__ __forceinline__ void recv_partials(const CommParams& p, const Combine
   // Detail stamps (session 41): between "partials sent" and "idx loaded" 0.40 us remained with the
   // index already in shared memory; these split it into the way here, the unit's arithmetic and
   // the load.
-  EPKIT_STAGE_BY(p, kStDetRecvEntry, 0, m);
 
   for (int q = q0; q < m * nsc; q += nw) {
     const int t = div_by_mul(q, nsc, p.combine_slices_mul), sl = q - t * nsc;
-    EPKIT_STAGE_BY(p, kStDetUnitTaken, 0, t);
     const int e = lane < K ? read_expert(p, io.topk_idx, io.idx_type, static_cast<int64_t>(t) * K + lane,
                                          kPhaseCombineRecv, t, seq, false)
                            : -1;
     const int r = e >= 0 ? expert_rank(e, p.rank_div) : -1;
-    EPKIT_STAGE_BY(p, kStDetIdxLoaded, 0, e);
     const unsigned same = match_groups(r, match_key_width(p.world_size), min(p.world_size, K) + 1);  // warp_match.cuh
     const bool first = e >= 0 && (same & ((1u << lane) - 1)) == 0;
     bool ok = true;
@@ -485,7 +477,6 @@ __device__ __forceinline__ void recv_partials(const CommParams& p, const Combine
 #pragma unroll
           for (int qq = 0; qq < kUnroll; ++qq)
             if (qq < n) ready = ready && tc[qq].ready(seq);
-          if (spins == 0) EPKIT_STAGE_BY(p, kStDetFirstRound, 0, ready);
           if (ready || !ok) break;
           if (spins == 0) {
             start = global_timer_ns();
@@ -496,7 +487,6 @@ __device__ __forceinline__ void recv_partials(const CommParams& p, const Combine
             break;
           }
         }
-        EPKIT_STAGE_BY(p, kStDetReadyRound, 0, static_cast<int>(spins));
 #pragma unroll
         for (int qq = 0; qq < kUnroll; ++qq) {
           if (qq >= n) continue;
@@ -559,7 +549,6 @@ __device__ void combine_recv(const CommParams& p, const CombineIO& io, uint64_t 
   else
     recv_partials<Tout, false>(p, io, seq, m);
 
-  EPKIT_STAGE(p, kStTokensSummed);
 }
 
 // The layer's bookkeeping, on one warp of the combine kernel (the last block's last warp: the
@@ -605,10 +594,6 @@ __device__ __forceinline__ void wait_barrier(const CommParams& p, uint64_t seq) 
   const uint64_t* bar = sym_at<uint64_t>(p, p.off_barrier_flag);
   for (int s = threadIdx.x % kWarpSize; s < p.world_size; s += kWarpSize)
     wait_flag(p, bar + s, seq, Cmp::kEq, kPhaseCombineRecv, kWaitBarrier, s, -1, seq);
-#ifdef EPKIT_STAGE_TIMERS
-  __syncwarp();
-  if (threadIdx.x % kWarpSize == 0) p.state->stage_ns[kStBarrierPassed] = global_timer_ns();
-#endif
 }
 
 // __grid_constant__: the cold paths take p by reference; without it every thread keeps a stack
@@ -643,17 +628,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   static_assert(!kDecode || (!kLarge && kP2P), "the decode kernel: the small P2P variant only");
   if (do_send) combine_send<Tin, Tout, kLarge, kP2P, kDecode>(p, io, seq, m, smem);
-  EPKIT_STAGE(p, kStPartialsSent);
-  EPKIT_STAGE_BY(p, kStDetPartial1, kWarpSize, 0);
-  EPKIT_STAGE_BY(p, kStDetPartial2, 2 * kWarpSize, 0);
-  EPKIT_STAGE_BY(p, kStDetPartial3, 3 * kWarpSize, 0);
   if (do_recv) {
     const int mr = m_kept ? reinterpret_cast<volatile int*>(m_of_warp)[threadIdx.x / kWarpSize]
                           : resolve_num_tokens(p, io.m, kPhaseCombineRecv, seq, false);
     combine_recv<Tout, !kLarge && kP2P, kDecode>(p, io, seq, mr);
     if (tail_warp) wait_barrier(p, seq);
   }
-  EPKIT_STAGE_EXIT(p, kStCombineExit);
 }
 
 template <typename Tin, typename Tout>

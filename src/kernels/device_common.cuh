@@ -54,71 +54,6 @@ __device__ __forceinline__ uint64_t global_timer_ns() {
 __device__ __forceinline__ int4 ld_cg16(const void* p) { return __ldcg(reinterpret_cast<const int4*>(p)); }
 __device__ __forceinline__ void st16(void* p, int4 v) { *reinterpret_cast<int4*>(p) = v; }
 
-// Stage stamps (thread 0 of block 0, or of the grid's last block with -DEPKIT_STAGE_LAST_BLOCK:
-// there the general dispatch sends a 1-token call) for builds with -DEPKIT_STAGE_TIMERS; nothing
-// otherwise.
-#ifdef EPKIT_STAGE_TIMERS
-#ifdef EPKIT_STAGE_LAST_BLOCK
-#define EPKIT_STAGE_BLOCK (gridDim.x - 1)
-#else
-#define EPKIT_STAGE_BLOCK 0u
-#endif
-#define EPKIT_STAGE(p, stage)                                                                          \
-  do {                                                                                                 \
-    if (blockIdx.x == EPKIT_STAGE_BLOCK && threadIdx.x == 0) (p).state->stage_ns[stage] = global_timer_ns(); \
-  } while (0)
-// A stamp by thread tid of the stamping block, taken only once v (an int that thread loaded) is in
-// its register: the branch on v keeps the timer read after the load's result (a plain stamp may be
-// scheduled before it).
-#define EPKIT_STAGE_AT(p, stage, tid, v)                                                               \
-  do {                                                                                                 \
-    if (blockIdx.x == EPKIT_STAGE_BLOCK && threadIdx.x == static_cast<unsigned>(tid) && (v) != INT_MIN) \
-      (p).state->stage_ns[stage] = global_timer_ns();                                                  \
-  } while (0)
-#define EPKIT_STAGE_AFTER(p, stage, v) EPKIT_STAGE_AT(p, stage, 0, v)
-// The grid's last warp to get here (every warp's lane 0 takes the max): where a kernel ends, which
-// one block's stamps do not show (cleared with the others by EPKIT_STAGE_BEGIN).
-#define EPKIT_STAGE_EXIT(p, stage)                                                                      \
-  do {                                                                                                 \
-    if (threadIdx.x % kWarpSize == 0)                                                                  \
-      atomicMax(reinterpret_cast<unsigned long long*>(&(p).state->stage_ns[stage]),                    \
-                static_cast<unsigned long long>(global_timer_ns()));                                   \
-  } while (0)
-// A call's first stamp (dispatch start, every dispatch_send): the stamping block clears every stamp
-// and then takes it, so stages the call does not reach read 0 and the exits' maxima start afresh.
-// The stamping block itself: cleared by block 0, the last block's start stamp was lost whenever
-// block 0 started later (most 1-token calls with -DEPKIT_STAGE_LAST_BLOCK, session 24).
-#define EPKIT_STAGE_BEGIN(p)                                                                           \
-  do {                                                                                                 \
-    if (blockIdx.x == EPKIT_STAGE_BLOCK && threadIdx.x == 0) {                                         \
-      for (int s_ = 0; s_ < kNumStages; ++s_) (p).state->stage_ns[s_] = 0;                             \
-      (p).state->stage_ns[kStDispatchStart] = global_timer_ns();                                       \
-    }                                                                                                  \
-  } while (0)
-// Detail stamps: EPKIT_STAGE_AT in builds with -DEPKIT_STAGE_DETAIL as well, nothing otherwise.
-#ifdef EPKIT_STAGE_DETAIL
-#define EPKIT_STAGE_BY(p, stage, tid, v) EPKIT_STAGE_AT(p, stage, tid, v)
-#endif
-#else
-#define EPKIT_STAGE(p, stage) \
-  do {                        \
-  } while (0)
-#define EPKIT_STAGE_EXIT(p, stage) \
-  do {                             \
-  } while (0)
-#define EPKIT_STAGE_AFTER(p, stage, v) \
-  do {                                 \
-  } while (0)
-#define EPKIT_STAGE_BEGIN(p) \
-  do {                       \
-  } while (0)
-#endif
-#ifndef EPKIT_STAGE_BY
-#define EPKIT_STAGE_BY(p, stage, tid, v) \
-  do {                                   \
-  } while (0)
-#endif
-
 // Programmatic dependent launch (every kernel here is launched with launch_after_previous): the
 // kernel may be scheduled before the previous kernel in the stream has finished, so its first
 // statement waits for that kernel's completion and memory (griddepcontrol.wait; a no-op when not
@@ -152,14 +87,10 @@ __device__ __forceinline__ uint32_t param_lines_xor(const T& a) {
   for (size_t i = 0; i < sizeof(T) / 4; i += 16) x ^= w[i];
   return x;
 }
-// A/B switch (scripts/bench-ab.sh prepare-lib, EPKIT_AB_FLAGS=-DEPKIT_PARAM_TOUCH=0): no touch.
-#ifndef EPKIT_PARAM_TOUCH
-#define EPKIT_PARAM_TOUCH 1
-#endif
 template <typename IO>
 __device__ __forceinline__ void touch_param_lines(const CommParams& p, const IO& io, int warp = kWarps - 1) {
   __shared__ uint32_t sink;
-  if (!EPKIT_PARAM_TOUCH || threadIdx.x / kWarpSize != warp) return;
+  if (threadIdx.x / kWarpSize != warp) return;
   const uint32_t x = param_lines_xor(p) ^ param_lines_xor(io);
   if (threadIdx.x % kWarpSize == 0) *static_cast<volatile uint32_t*>(&sink) = x;
 }

@@ -201,7 +201,6 @@ __device__ SendDone dispatch_send(const CommParams& p, const DispatchIO& io, uin
   sm.tok_rk = sm.tok_e + kRoundTokens * K;
   sm.tok_j = sm.tok_rk + kRoundTokens * K;
 
-  EPKIT_STAGE_BEGIN(p);
   const int m = resolve_num_tokens(p, io.m, kPhaseDispatchSend, seq, blockIdx.x == 0);
   const int n_own = num_own_tokens(p, m);
   // This block's chunk of the own tokens. Small calls need it only after the first index loads
@@ -277,7 +276,6 @@ __device__ SendDone dispatch_send(const CommParams& p, const DispatchIO& io, uin
   }
   __syncthreads();
   if (lookback) look_back(p, sm, seq);
-  EPKIT_STAGE(p, kStHistogramDone);
 
   // Counts: per (this rank, local expert of d) and the number of messages d will get from us.
   // Warp w of the writing blocks writes destinations d = w, w + (warps), ...; with the look-back only
@@ -311,7 +309,6 @@ __device__ SendDone dispatch_send(const CommParams& p, const DispatchIO& io, uin
     }
   }
 
-  EPKIT_STAGE(p, kStCountsWritten);
   const int hdr_words = p.header_bytes / 4;
   const int payload_chunks = p.payload_bytes / 16;
   // The decode kernel's blocks send at most one own token each (send_from_last_blocks): one round.
@@ -341,7 +338,6 @@ __device__ SendDone dispatch_send(const CommParams& p, const DispatchIO& io, uin
       }
     }
     __syncthreads();
-    EPKIT_STAGE(p, kStRanksTaken);
     // Round, phase B: one warp per (token, slice) loads the slice once and stores it to every
     // destination rank of the token.
     for (int w = warp; w < nr * nsd; w += kWarps) {
@@ -419,11 +415,9 @@ __device__ SendDone dispatch_send(const CommParams& p, const DispatchIO& io, uin
         }
       }
     }
-    EPKIT_STAGE(p, kStSlicesStored);
     __syncthreads();
   }
   __syncthreads();  // also when this block had no tokens
-  EPKIT_STAGE(p, kStSendSynced);
   // One release per destination publishes everything this block stored there: the bar.sync above
   // orders the other threads' stores before it, and release semantics are cumulative, so no
   // separate system fence is needed. (The counts are tagged words and need no release.) blk_sent
@@ -439,7 +433,6 @@ __device__ SendDone dispatch_send(const CommParams& p, const DispatchIO& io, uin
     else
       red_release_sys_add(ctr, n);
   }
-  EPKIT_STAGE(p, kStSendDone);
   SendDone done;
   done.direct_self = direct_self;
   done.sender_blocks = kLarge ? 0 : sender_blocks_of(n_own, gridDim.x);
@@ -475,7 +468,6 @@ __device__ SendDone dispatch_send_decode(const CommParams& p, const DispatchIO& 
   const int W = p.world_size, L = p.num_local_experts, K = p.topk, D = p.dp_size, E = p.num_experts;
   const int me = p.rank, gi = p.group_index, S = p.max_msgs_per_src, nsd = p.dispatch_slices;
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
-  EPKIT_STAGE_BEGIN(p);
   const int m = resolve_num_tokens(p, io.m, kPhaseDispatchSend, seq, blockIdx.x == 0);
   const int n_own = num_own_tokens(p, m);
   SendDone done;
@@ -493,7 +485,6 @@ __device__ SendDone dispatch_send_decode(const CommParams& p, const DispatchIO& 
   const int e = lane < n ? read_expert(p, io.topk_idx, io.idx_type, static_cast<int64_t>(lu * D + gi) * K + lk,
                                        kPhaseDispatchSend, lu * D + gi, seq, counter && cw == 0)
                          : -1;
-  EPKIT_STAGE_AFTER(p, kStTopkLoaded, e);  // the index is back (session 33: where V3's sender lags)
   const int r = e >= 0 ? expert_rank(e, p.rank_div) : -1;
   // The warp matches, only in the warps that use them: the slice warps, the send_slot warp and the
   // warp of the message counts (unit ncount - 1). A warp that counts experts only counts them by
@@ -517,7 +508,6 @@ __device__ SendDone dispatch_send_decode(const CommParams& p, const DispatchIO& 
     dst_peers = same_r & __ballot_sync(0xffffffffu, lead);             // the tokens sending to rank r
     j = lead ? __popc(dst_peers & below) : -1;                         // the token's message index at r
   }
-  EPKIT_STAGE(p, kStHistogramDone);
 
   if (sends && warp < nsd) {  // slice `warp` of own token ui, to every rank it goes to
     const int sl = warp, t = ui * D + gi, base = ui * K;
@@ -563,7 +553,6 @@ __device__ SendDone dispatch_send_decode(const CommParams& p, const DispatchIO& 
         if (c < payload_chunks) pl[c] = v[q];
       }
     }
-    EPKIT_STAGE(p, kStSlicesStored);
     __syncwarp();  // + the release below, cumulative: every lane's stores of this slice
     if ((dmask >> lane) & 1u) {  // one lane per destination: one more slice there
       uint64_t* ctr = reinterpret_cast<uint64_t*>(peer_at<true>(p, r) + p.off_dispatch_recv_ctr) + me;
@@ -572,7 +561,6 @@ __device__ SendDone dispatch_send_decode(const CommParams& p, const DispatchIO& 
       else
         red_release_sys_add(ctr, 1);
     }
-    EPKIT_STAGE(p, kStSendDone);
   } else if (sends && warp == nsd) {  // own token ui's message index at every rank (-1: none), for combine
     int* row = warp_cnt[warp];
     row[lane] = -1;
@@ -604,7 +592,6 @@ __device__ SendDone dispatch_send_decode(const CommParams& p, const DispatchIO& 
         st_relaxed_sys(dst, tag_word(seq, static_cast<uint32_t>(value)));
       }
     }
-    EPKIT_STAGE(p, kStCountsWritten);
   }
   return done;
 }
@@ -643,10 +630,7 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
     ok = ok && wait_tagged(p, counts + i, seq, v, kPhaseDispatchRecv, kWaitDispatchCounts, s);
     if (el < L) sm.cnt[s * L + el] = static_cast<int>(v); else sm.nmsg[s] = static_cast<int>(v);
   }
-  EPKIT_STAGE_BY(p, kStDetCountsWaited0, 0, ok);
-  EPKIT_STAGE_BY(p, kStDetCountsWaitedN, min(W * (L + 1), static_cast<int>(blockDim.x)) - 1, ok);
   const bool stop = __syncthreads_or(!ok || abort_early != 0);
-  EPKIT_STAGE(p, kStCountsArrived);
   // The layer's combine kernels read this call's seq from combine_seq, which leaves them free to
   // advance seq for the next call (combine.cu, advance_layer). Written even when the call stops.
   if (blockIdx.x == 0 && my_src == 0) p.state->combine_seq = seq;
@@ -686,7 +670,6 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
         record_error(p, err_where(kErrCapacity, kPhaseDispatchRecv, kWaitNone, -1), me * L + el, -1, acc, cap, seq);
     }
   }
-  EPKIT_STAGE_BY(p, kStDetOffsetsLoop, 0, 0);
   if (packed) {  // every block needs every expert's first row (out of line: masked calls skip it)
     __syncthreads();
     int* first = packed_first(sm, W);
@@ -706,10 +689,8 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
     }
     sm.msg_off[W] = acc;
   }
-  EPKIT_STAGE_BY(p, kStDetMsgOffsets, 0, 0);
   if (blockIdx.x == 0)
     for (int s = threadIdx.x; s < W; s += blockDim.x) p.num_msgs[s] = sm.nmsg[s];
-  EPKIT_STAGE(p, kStOffsetsDone);
   // A sending block that will take no copy unit (see the units below) leaves now: nothing it does
   // waits for the data. Block-uniform; its threads count the messages themselves (no prefix yet).
   if (sender_blocks > 0 && static_cast<int>(blockIdx.x) >= static_cast<int>(gridDim.x) - sender_blocks) {
@@ -725,10 +706,8 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
       ok &= wait_flag(p, recv_ctr + s, (s == my_src ? my_base : p.recv_base[s]) +
                       static_cast<uint64_t>(sm.nmsg[s]) * nsd, Cmp::kGe,
                       kPhaseDispatchRecv, kWaitDispatchData, s, -1, seq);
-  EPKIT_STAGE_BY(p, kStDetDataWaited, kThreads - 1, ok);
   // Also the copy below must not start on a source whose data never came (its headers would be garbage).
   const bool stop_data = __syncthreads_or(!ok || abort_mid != 0);
-  EPKIT_STAGE(p, kStDataArrived);
   if (stop_data) return;
 
   const int total = sm.msg_off[W];
@@ -788,7 +767,6 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
       const int pos = sm.off[s * L + el] + erk.y;
       slot = expert_row(p, !kDecode && p.packed, el, pos, packed_first(sm, W));  // p.packed read here: the kernel-wide bool grew the small P2P kernel by 8 instructions
     }
-    EPKIT_STAGE(p, kStCopyLoaded);
     if (sl == 0 && kq == 0) {  // the map row and weights: once per message (entry 0's unit)
       store_map_row(p, K, direct_self ? qm + sm.nmsg[me] : qm, tok, s, j, slot);
       if (p.weights_at_dispatch && lane < K)  // where combine_send would otherwise receive them
@@ -833,8 +811,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (do_send && do_recv) __syncthreads();
   }
   if (do_recv) dispatch_recv<kP2P, kDecode>(p, io, seq, smem, sent.direct_self, sent.sender_blocks);
-  EPKIT_STAGE(p, kStDispatchDone);
-  EPKIT_STAGE_EXIT(p, kStDispatchExit);
 }
 
 }  // namespace

@@ -38,41 +38,6 @@ struct ErrorRecord {
   uint64_t seq;
 };
 
-// Stages stamped with %globaltimer by block 0, thread 0 when built with EPKIT_STAGE_TIMERS
-// (AllToAll::stage_timestamps reads them; the names are in stage_name()).
-enum Stage : int32_t {
-  kStDispatchStart = 0, kStTopkLoaded, kStHistogramDone, kStCountsWritten, kStSendDone, kStCountsArrived,
-  kStOffsetsDone, kStDataArrived, kStCopyLoaded, kStDispatchDone, kStCombineStart, kStMapLoaded, kStWeightsSent,
-  kStWeightsArrived, kStRowsSummed, kStPartialsSent, kStTokensSummed, kStBarrierPassed, kStDispatchExit,
-  kStCombineExit, kStRanksTaken, kStSlicesStored, kStSendSynced,
-  // -DEPKIT_STAGE_DETAIL builds only (EPKIT_STAGE_BY): steps inside the stamping block's chains, each
-  // by the thread that takes it ("d": dispatch_recv, "c": combine; 0: thread 0, N: the last thread,
-  // 1-3: warps 1-3's thread 0).
-  kStDetCountsWaited0, kStDetCountsWaitedN, kStDetOffsetsLoop, kStDetMsgOffsets, kStDetDataWaited, kStDetPartial1,
-  kStDetPartial2, kStDetPartial3, kStDetIdxLoaded, kStDetFirstRound, kStDetReadyRound, kStDetRecvEntry,
-  kStDetUnitTaken, kNumStages
-};
-// "copy loaded": the general receive copy's header is back (thread 0's last slice); "rows summed":
-// combine_send's expert rows of thread 0's last slice are summed, before its stores and flag;
-// "barrier passed": the general combine's tail warp (the last block's last warp) has seen every
-// peer's barrier flag; "dispatch exit" / "combine exit": the grid's last warp at the kernel's end
-// (any block); "ranks taken" / "slices stored" / "send synced": the send half's phase A barrier,
-// thread 0's last slice stored, the barrier before the release (general small calls).
-inline const char* stage_name(int s) {
-  static const char* n[] = {"dispatch start", "topk loaded",     "histogram done", "counts written",
-                            "send done",      "counts arrived",  "offsets done",   "data arrived",
-                            "copy loaded",    "dispatch done",   "combine start",  "map loaded",
-                            "weights sent",   "weights arrived", "rows summed",    "partials sent",
-                            "tokens summed",  "barrier passed",  "dispatch exit",  "combine exit",
-                            "ranks taken",    "slices stored",   "send synced",
-                            "d0 counts waited", "dN counts waited", "d0 offsets loop", "d0 msg offsets",
-                            "dN data waited", "c1 partial sent", "c2 partial sent", "c3 partial sent",
-                            "c0 idx loaded", "c0 first round", "c0 ready round", "c0 recv entry",
-                            "c0 unit taken"};
-  static_assert(sizeof(n) / sizeof(n[0]) == kNumStages, "one name per stage");
-  return s >= 0 && s < kNumStages ? n[s] : "?";
-}
-
 // Per-object device state in the local workspace.
 struct DeviceState {
   // The call in flight, or the next one: calls completed + 1 (the host sets 1 at creation). Stored
@@ -86,7 +51,6 @@ struct DeviceState {
   // The combine kernels' copy of seq: written by the dispatch_recv kernel's block 0, read by the
   // combine kernels only, so that combine may advance seq without waiting for its own blocks.
   uint64_t combine_seq;
-  uint64_t stage_ns[kNumStages];  // EPKIT_STAGE_TIMERS builds only: last call's stage times
   // World size 1 (local.cu).
   uint64_t local_arrive;   // large fused dispatch: blocks arrived, cumulative (gridDim.x per call)
   int32_t local_m;         // dispatch_send's m, for the dispatch_recv that places the staged tokens
@@ -392,10 +356,7 @@ inline constexpr int kLocalRoundTokens = 64;
 // that costs at most kLocalScanWork entries per warp (n times its units). Measured on one H200
 // against the block-wide ranking: faster at V3 128 tokens (1024 x 2) and V2-Lite 256 (1536 x 1) and
 // 384 (2304 x 2), even at V3 192 (1536 x 3), slower at V3 256 (2048 x 4) and 384.
-#ifndef EPKIT_LOCAL_SCAN_WORK  // set only by A/B builds (scripts/bench-ab.sh prepare-lib, EPKIT_AB_FLAGS)
-#define EPKIT_LOCAL_SCAN_WORK 4608
-#endif
-inline constexpr int64_t kLocalScanWork = EPKIT_LOCAL_SCAN_WORK;
+inline constexpr int64_t kLocalScanWork = 4608;
 constexpr bool local_scan_ranks(int n, int units, int warps) {
   return n > 32 && static_cast<int64_t>(n) * ((units + warps - 1) / warps) <= kLocalScanWork;
 }
@@ -429,9 +390,6 @@ inline constexpr int kLocalSmallPieceChunks = 1, kLocalLargePieceChunks = 4;
 // The one-path scan dispatch also takes a 4 KB piece (local_fused_piece_chunks) when only that
 // piece puts a call's units in one wave: V3 (7168-byte rows, K = 8) from 65 to 132 tokens on 132
 // SMs, whose 2 KB units take two rounds of scan + store per warp.
-#ifndef EPKIT_LOCAL_WIDE_PIECE  // A/B builds only (EPKIT_AB_FLAGS)
-#define EPKIT_LOCAL_WIDE_PIECE 1
-#endif
 inline constexpr int kLocalWidePieceChunks = 8;
 constexpr int local_rank_warps(int num_experts) {
   return kLocalRankCounters / num_experts < 1 ? 1
@@ -463,7 +421,7 @@ struct LocalFusedDispatch {
 constexpr int local_fused_piece_chunks(int m, int topk, int payload_bytes, int warps) {
   const int pc = local_call_piece_chunks(m, topk, payload_bytes, warps);
   const auto units = [&](int chunks) { return static_cast<int64_t>(m) * topk * local_pieces_per_row(payload_bytes, chunks); };
-  return EPKIT_LOCAL_WIDE_PIECE && pc == kLocalLargePieceChunks && units(pc) > warps &&
+  return pc == kLocalLargePieceChunks && units(pc) > warps &&
                  units(kLocalWidePieceChunks) <= warps
              ? kLocalWidePieceChunks
              : pc;

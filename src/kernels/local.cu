@@ -43,14 +43,6 @@ constexpr int kHistUnroll = 4;    // topk loads in flight per lane in the histog
 constexpr int kUnroll = 4;        // 16-byte chunks per lane per dispatch slice (kSliceBytes)
 constexpr int kSliceChunks = kWarpSize * kUnroll;
 constexpr int kScaleRegs = 4;     // scales per lane held in registers (128 per token, H <= 16384)
-// A/B switch (scripts/bench-ab.sh prepare-lib, EPKIT_AB_FLAGS=-DEPKIT_LOCAL_SPECIALIZE=0): the host
-// launches the one-path kernels below for fused decode calls of known m.
-#ifndef EPKIT_LOCAL_SPECIALIZE
-#define EPKIT_LOCAL_SPECIALIZE 1
-#endif
-#ifndef EPKIT_LOCAL_WAVE2  // A/B: the two-chunk one-wave combine (local_combine_wave_kernel<.., 2>)
-#define EPKIT_LOCAL_WAVE2 1
-#endif
 constexpr int kRowBatch = 8;      // small combine: expert rows whose loads a warp keeps in flight together
 // Large combine: rows whose four 512-byte pieces (a unit's 1024 elements) a warp loads together.
 // Two rows of four pieces measured faster at 4096 tokens than eight rows of one piece (V3 combine
@@ -321,7 +313,6 @@ __device__ __forceinline__ void stage_message(const CommParams& p, const Dispatc
 // The send half's first steps on both paths: the stage stamps' start (stamp builds), and the call's
 // m (block 0 reports a bad device m).
 __device__ __forceinline__ int local_send_start(const CommParams& p, const DispatchIO& io) {
-  EPKIT_STAGE_BEGIN(p);
   return resolve_num_tokens(p, io.m, kPhaseDispatchSend, 0, blockIdx.x == 0);
 }
 
@@ -349,7 +340,6 @@ __device__ void local_dispatch_tiny(const CommParams& p, const DispatchIO& io, i
   const unsigned below = peers & ((1u << lane) - 1u);
   const int rk = __popc(below);
   const bool lead = e >= 0 && below == 0;  // the first entry of its expert
-  EPKIT_STAGE(p, kStTopkLoaded);
   int row = -1;
   if (p.packed) {
     const int align = p.packed_row_align;
@@ -363,9 +353,7 @@ __device__ void local_dispatch_tiny(const CommParams& p, const DispatchIO& io, i
   } else if (e >= 0 && rk < p.capacity) {
     row = e * p.capacity + rk;
   }
-  EPKIT_STAGE(p, kStHistogramDone);
   if (blockIdx.x == 0 && warp == 0 && lane < n) write_map_entry(p, io, lane / K, lane % K, row);  // lane i: entry i
-  EPKIT_STAGE(p, kStOffsetsDone);
   scatter_units<U>(p, io, u, pre, pre_sc,
                    [&](int i) { return __shfl_sync(0xffffffffu, row, i); });  // every lane: q is warp-uniform
   if (blockIdx.x != 0) return;
@@ -383,11 +371,7 @@ __device__ void local_dispatch_tiny(const CommParams& p, const DispatchIO& io, i
 // count units (32 experts' counts each, from the match's groups through a warp-private array of 32
 // ints) and one map unit (the n recv_map entries and, with weights_at_dispatch, the weights), each on
 // a warp with no payload unit while they fit the grid, so that no warp's stores wait behind another
-// output's (the old order, A/B switch EPKIT_LOCAL_TINY_ROLES=0: the scales with piece 0, the map
-// before block 0's scatter, the counts after it across two block barriers).
-#ifndef EPKIT_LOCAL_TINY_ROLES
-#define EPKIT_LOCAL_TINY_ROLES 1
-#endif
+// output's.
 template <int U>
 __device__ void local_dispatch_tiny_roles(const CommParams& p, const DispatchIO& io, int m) {
   __shared__ int warp_cnt[kWarps][kWarpSize];
@@ -414,9 +398,7 @@ __device__ void local_dispatch_tiny_roles(const CommParams& p, const DispatchIO&
   const unsigned below = peers & ((1u << lane) - 1u);
   const int rk = __popc(below);
   const bool lead = e >= 0 && below == 0;  // the first entry of its expert
-  EPKIT_STAGE(p, kStTopkLoaded);
   const int row = e >= 0 && rk < cap ? e * cap + rk : -1;
-  EPKIT_STAGE(p, kStHistogramDone);
   scatter_units<U>(p, io, u, pre, pre_sc, [&](int i) { return __shfl_sync(0xffffffffu, row, i); });
   // This warp's units after the payload ones: gw, gw + gstride, ... from the first that is >= units.
   int q = u.gw;
@@ -442,7 +424,6 @@ __device__ void local_dispatch_tiny_roles(const CommParams& p, const DispatchIO&
       // The map unit is the first unit of the warp whose gw is total - 1 (its weights loaded above).
       if (lane < n)
         write_map_entry(p, lt, lk, row, map_warp || !p.weights_at_dispatch ? wt : __ldg(io.topk_weights + lane));
-      EPKIT_STAGE(p, kStOffsetsDone);
     }
   }
 }
@@ -452,7 +433,7 @@ __device__ void local_dispatch_tiny_roles(const CommParams& p, const DispatchIO&
 template <int U>
 __device__ __forceinline__ void local_dispatch_one_warp(const CommParams& p, const DispatchIO& io, int* smem, int m,
                                                         const PieceUnits<U>& pu) {
-  if (EPKIT_LOCAL_TINY_ROLES && !p.packed) return local_dispatch_tiny_roles<U>(p, io, m);
+  if (!p.packed) return local_dispatch_tiny_roles<U>(p, io, m);
   local_dispatch_tiny<U>(p, io, smem, m, pu);
 }
 
@@ -465,18 +446,11 @@ __device__ __forceinline__ void local_dispatch_one_warp(const CommParams& p, con
 // are compared with e, which matches exactly the entries read_expert maps to e (every other value,
 // -1 and out-of-range ones included, differs). Each warp of a block reads the same few KB of
 // indices, so after the first they come from L1.
-#ifndef EPKIT_LOCAL_SCAN_VECS  // A/B builds only (EPKIT_AB_FLAGS)
-#define EPKIT_LOCAL_SCAN_VECS 8
-#endif
-constexpr int kScanVecs = EPKIT_LOCAL_SCAN_VECS;
-// The split: measured on one H200 (session 12, call 3, 3 rounds), vector scans everywhere lost
-// 0.4-0.6 us per pair against scalar ones at V3 32 to 128 tokens and V2-Lite 32 to 64 (V3 128:
-// 16.1 against 15.7); the split at 640 words tied all-scalar within 0.1 us and was 0.5 us faster at
-// V3 192 tokens. A/B builds may set it (EPKIT_AB_FLAGS; 0: every scan on 16-byte loads).
-#ifndef EPKIT_LOCAL_SCAN_VEC_MIN
-#define EPKIT_LOCAL_SCAN_VEC_MIN 640
-#endif
-constexpr int kScanVecMin = EPKIT_LOCAL_SCAN_VEC_MIN, kScanBatch = 8;
+constexpr int kScanVecs = 8;
+// The split (one H200, 2026-12-01): vector scans everywhere lost 0.4-0.6 us per pair against scalar
+// ones at V3 32 to 128 tokens; the split at 640 words tied all-scalar within 0.1 us and was 0.5 us
+// faster at V3 192 tokens.
+constexpr int kScanVecMin = 640, kScanBatch = 8;
 // This lane's count of the words ix[j] == key, j < i. W: the index word type (long long for int64
 // indices; unsigned for int32 and uint32, compared as the 32-bit pattern); ix is W-aligned.
 template <typename W>
@@ -562,7 +536,6 @@ __device__ void local_dispatch_scan(const CommParams& p, const DispatchIO& io, i
     local_counts_out(p, io, cs, writer);
   };
   if (p.packed) count_all();
-  EPKIT_STAGE(p, kStHistogramDone);
   bool first_row = true;
   scatter_units<U>(
       p, io, u, pre, pre_sc,
@@ -570,7 +543,6 @@ __device__ void local_dispatch_scan(const CommParams& p, const DispatchIO& io, i
         const int e = read_expert(p, io.topk_idx, io.idx_type, i, kPhaseDispatchSend, i / K, 0, false);
         const int row = e >= 0 ? expert_row(p, e, scan_rank(io, i, e, lane), cs.first) : -1;
         if (first_row) {  // thread 0's first row
-          EPKIT_STAGE(p, kStOffsetsDone);
           first_row = false;
         }
         return row;
@@ -661,7 +633,6 @@ __device__ void local_dispatch_small(const CommParams& p, const DispatchIO& io, 
       }
     }
   }
-  EPKIT_STAGE(p, kStTopkLoaded);  // warp 0 has its indices and their ranks within its range
   __syncthreads();
   // 2. Each ranking warp's base in each expert, and the totals (one ranking warp: its counts are the
   // totals and every base is 0).
@@ -681,7 +652,6 @@ __device__ void local_dispatch_small(const CommParams& p, const DispatchIO& io, 
     }
     __syncthreads();
   }
-  EPKIT_STAGE(p, kStHistogramDone);
   // Rank of entry i (expert e >= 0) within its expert: its warp's base + its rank within the warp.
   auto rank_of = [&](int i, int e) {
     if (R == 1) return sm.rk[i];
@@ -700,7 +670,6 @@ __device__ void local_dispatch_small(const CommParams& p, const DispatchIO& io, 
       if (e >= 0) sm.rk[i] = rank_of(i, e);
     }
     __syncthreads();
-    EPKIT_STAGE(p, kStOffsetsDone);
     for (int q = gw; q < units; q += gstride) {
       const int t = q / nsd, sl = q % nsd;
       int4 v[kUnroll];
@@ -715,7 +684,6 @@ __device__ void local_dispatch_small(const CommParams& p, const DispatchIO& io, 
     return;
   }
   if (p.packed || blockIdx.x == 0) local_counts_out(p, io, cs, blockIdx.x == 0);  // packed: every block, ends synced
-  EPKIT_STAGE(p, kStOffsetsDone);
   auto row_of = [&](int i) {
     const int e = sm.ent[i];
     return e >= 0 ? expert_row(p, e, rank_of(i, e), sm.first) : -1;
@@ -809,14 +777,12 @@ __device__ void local_dispatch_large(const CommParams& p, const DispatchIO& io, 
       __syncthreads();
     }
   }
-  EPKIT_STAGE(p, kStHistogramDone);
 
   if (fused) {
     if (p.packed || writer) local_counts_out(p, io, sm, writer);
   } else if (blockIdx.x == 0 && threadIdx.x == 0) {  // m for dispatch_recv (the counters hold the totals)
     p.state->local_m = m;
   }
-  EPKIT_STAGE(p, kStOffsetsDone);
 
   for (int r0 = u0; r0 < u1; r0 += kLocalRoundTokens) {
     const int nr = min(kLocalRoundTokens, u1 - r0);
@@ -872,7 +838,6 @@ __device__ void local_dispatch_recv(const CommParams& p, const DispatchIO& io, i
   for (int e = threadIdx.x; e < E; e += blockDim.x) sm.cnt[e] = p.local_counts[e];
   __syncthreads();
   if (p.packed || blockIdx.x == 0) local_counts_out(p, io, sm, blockIdx.x == 0);
-  EPKIT_STAGE(p, kStOffsetsDone);
   const uint8_t* stage = sym_at<uint8_t>(p, p.off_dispatch_recv);
   const int gw = interleave ? warp * gridDim.x + blockIdx.x : blockIdx.x * kWarps + warp;  // as the send half
   for (int q = gw; q < m * nsd; q += gridDim.x * kWarps) {
@@ -926,8 +891,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   } else {
     local_dispatch_recv(p, io, smem, !kLarge);
   }
-  EPKIT_STAGE(p, kStDispatchDone);
-  EPKIT_STAGE_EXIT(p, kStDispatchExit);
 }
 
 // Fused small dispatches of a host-given m, one path per kernel (the host picks it with
@@ -951,8 +914,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       local_dispatch_scan<U>(p, io, smem, m, pu);
     }
   }
-  EPKIT_STAGE(p, kStDispatchDone);
-  EPKIT_STAGE_EXIT(p, kStDispatchExit);
 }
 
 // acc[qq] += sum over k < K of w_k * y[row_k][8 c[qq] .. 8 c[qq] + 7] (lane k holds row_k, -1: none,
@@ -1035,7 +996,6 @@ __device__ void local_combine_sum(const CommParams& p, const CombineIO& io, int 
                                  : io.topk_weights[static_cast<size_t>(t) * K + lane];
       if (row >= rows) row = -1;  // never read past expert_y, whatever the map holds
     }
-    if (q == q0) EPKIT_STAGE(p, kStMapLoaded);  // thread 0's first row
     if constexpr (kChunks == 1) {
 #pragma unroll 1
       for (int cu = cu0; cu < min(units, cu0 + g); ++cu) {
@@ -1079,7 +1039,6 @@ __global__ void __launch_bounds__(kThreads, 1)
                          bool do_recv) {
   touch_param_lines(p, io);  // device_common.cuh
   wait_previous_kernel();
-  EPKIT_STAGE(p, kStCombineStart);
   // Reported by dispatch only: one bad m is one error, not one per kernel of the layer.
   const int m = resolve_num_tokens(p, io.m, do_send ? kPhaseCombineSend : kPhaseCombineRecv, 0, false);
   if (do_send) {
@@ -1089,12 +1048,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int e = threadIdx.x; e < p.num_experts; e += blockDim.x) p.local_counts[e] = 0;
     Tout* out = do_recv ? static_cast<Tout*>(io.out) : sym_at<Tout>(p, p.off_combine_recv);
     local_combine_sum<Tin, Tout, kLarge ? 4 : 1>(p, io, m, out);
-    EPKIT_STAGE(p, kStPartialsSent);
   } else {
     local_combine_copy<Tout>(p, io, m);
   }
-  EPKIT_STAGE(p, kStTokensSummed);
-  EPKIT_STAGE_EXIT(p, kStCombineExit);
 }
 
 // Fused small combines of a host-given m whose units fit one wave of the grid (one unit per warp):
@@ -1107,30 +1063,24 @@ __global__ void __launch_bounds__(kThreads, 1)
     local_combine_wave_kernel(const __grid_constant__ CommParams p, const __grid_constant__ CombineIO io) {
   touch_param_lines(p, io);  // device_common.cuh
   wait_previous_kernel();
-  EPKIT_STAGE(p, kStCombineStart);
   // A large object's dispatch of this layer may have taken the large path (device m) and counted
   // into the per-expert counters, which the layer's combine zeroes (local_combine_kernel).
   if (local_large(p) && blockIdx.x == 0)
     for (int e = threadIdx.x; e < p.num_experts; e += blockDim.x) p.local_counts[e] = 0;
   local_combine_sum<Tin, Tout, kChunks, true>(p, io, io.m.host_m, static_cast<Tout*>(io.out));
-  EPKIT_STAGE(p, kStPartialsSent);
-  EPKIT_STAGE(p, kStTokensSummed);
-  EPKIT_STAGE_EXIT(p, kStCombineExit);
 }
 
 template <typename Tin, typename Tout>
 cudaError_t launch_local_typed(const CommParams& p, const CombineIO& io, bool s, bool r, const LaunchShape& sh,
                                cudaStream_t st) {
-#if EPKIT_LOCAL_SPECIALIZE
   // Two-byte inputs only: the fp32 one spills (16 bytes) where the general kernel spills 4.
   if constexpr (sizeof(Tin) == 2) {
     if (s && r && io.m.dev_m == nullptr) {
-      const int chunks = local_fused_combine_chunks(io.m.host_m, p.hidden, sh.blocks * kWarps, EPKIT_LOCAL_WAVE2);
+      const int chunks = local_fused_combine_chunks(io.m.host_m, p.hidden, sh.blocks * kWarps, true);
       if (chunks == 1) return launch_after_previous(local_combine_wave_kernel<Tin, Tout, 1>, sh, st, p, io);
       if (chunks == 2) return launch_after_previous(local_combine_wave_kernel<Tin, Tout, 2>, sh, st, p, io);
     }
   }
-#endif
   auto kernel = local_large(p) ? local_combine_kernel<Tin, Tout, true> : local_combine_kernel<Tin, Tout, false>;
   return launch_after_previous(kernel, sh, st, p, io, s, r);
 }
@@ -1150,7 +1100,6 @@ cudaError_t launch_local_out(const CommParams& p, const CombineIO& io, DType in,
 
 cudaError_t launch_local_dispatch(const CommParams& p, const DispatchIO& io, bool do_send, bool do_recv,
                                   const LaunchShape& shape, cudaStream_t stream) {
-#if EPKIT_LOCAL_SPECIALIZE
   if (do_send && do_recv && io.m.dev_m == nullptr) {
     const LocalFusedDispatch f =
         local_fused_dispatch(local_large(p), io.m.host_m, p.topk, p.payload_bytes, shape.blocks * kWarps);
@@ -1170,7 +1119,6 @@ cudaError_t launch_local_dispatch(const CommParams& p, const DispatchIO& io, boo
       return launch_after_previous(kernel, shape, stream, p, io);
     }
   }
-#endif
   auto kernel = local_large(p)                                    ? local_dispatch_kernel<true, kLocalLargePieceChunks>
                 : p.local_piece_chunks == kLocalSmallPieceChunks ? local_dispatch_kernel<false, kLocalSmallPieceChunks>
                                                             : local_dispatch_kernel<false, kLocalLargePieceChunks>;

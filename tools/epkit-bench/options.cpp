@@ -93,8 +93,6 @@ Options parse_options(const std::vector<std::string>& args) {
       flag(o.portable);
     } else if (name == "--weights-at-dispatch") {
       flag(o.weights_at_dispatch);
-    } else if (name == "--stage-timers") {
-      flag(o.stage_timers);
     } else if (name == "--profile-graph") {
       flag(o.profile_graph);
     } else if (name == "--device-m") {
@@ -223,7 +221,6 @@ Run as: epkit-run -n N epkit-bench [options]
   --graph-iters N        dispatch+combine pairs per captured CUDA graph; default 10
   --portable             force DataPath::kPortable (put-with-signal to every peer)
   --weights-at-dispatch  router weights travel with dispatch; combine exchanges none
-  --stage-timers         print block 0's per-stage times (needs a -DEPKIT_STAGE_TIMERS=ON build)
   --profile-graph        after the timed graph replays, one more replay per case between
                          cudaProfilerStart and cudaProfilerStop: the steady state's kernels, for
                          ncu --profile-from-start off --graph-profiling graph

@@ -43,7 +43,6 @@ struct Options {
   int graph_iters = 10;                       // dispatch+combine pairs captured in one CUDA graph, >= 1
   bool portable = false;                      // force DataPath::kPortable
   bool weights_at_dispatch = false;           // AllToAllConfig::weights_at_dispatch
-  bool stage_timers = false;                  // print per-stage times (library built with EPKIT_STAGE_TIMERS)
   bool profile_graph = false;                 // one more graph replay per case inside cudaProfilerStart/Stop
   bool device_m = false;                      // m passed on the device (num_tokens_device), as a graph for any m has it
   int num_sms = 0;                            // AllToAllConfig::num_sms; 0 = all

@@ -35,84 +35,6 @@ void set_median_p99(const Summary& s, double& median, double& p99) {
   p99 = s.p99;
 }
 
-// Runs `iters` fused dispatch+combine pairs, each gated and synced, and prints (rank 0) the median and mean
-// time of every stage the library stamped, relative to the start of dispatch: the stamping block's
-// stages (block 0, or the grid's last block in builds with -DEPKIT_STAGE_LAST_BLOCK) and the exits
-// (the grid's last warp). Samples are matched by stage name: a stage that some calls do not stamp
-// (a block with no unit returns early) is averaged over the calls that did, and says how many.
-// Prints a note instead when the library was built without EPKIT_STAGE_TIMERS.
-void print_stage_times(AllToAll& a2a, const Communicator& comm, const DispatchArgs& d, const CombineArgs& cb,
-                       cudaStream_t stream, int iters, const std::string& preset, int tokens) {
-  if (a2a.stage_timestamps().empty()) {
-    if (comm.rank() == 0) std::printf("[stages] library built without EPKIT_STAGE_TIMERS: nothing to show\n");
-    return;
-  }
-  std::vector<std::string> order;                     // stage names, in the library's stage order
-  std::map<std::string, std::vector<double>> samples;  // us since that call's dispatch start
-  int no_start = 0;
-  // Each call queued behind a gate, as the timed samples are: launched one after the other, a
-  // short dispatch ended before the host had queued its combine, and the stamps showed the host's
-  // launch time between the kernels (2-3 us at W = 1, session 24's call 4).
-  epkit::probes::HostGate gate;
-  for (int i = 0; i < iters; ++i) {
-    gate.close(stream);
-    comm.barrier_on_stream(stream);
-    a2a.dispatch(d, stream);
-    a2a.combine(cb, stream);
-    gate.open();
-    const auto st = a2a.stage_timestamps();  // synchronises
-    if (st.empty() || st[0].first != "dispatch start") {
-      ++no_start;
-      continue;
-    }
-    // A stage first seen now goes right after the one before it in this call (stage_timestamps
-    // lists them in the library's order), so the printed order stays the library's.
-    auto at = order.begin();
-    for (size_t s = 1; s < st.size(); ++s) {
-      auto it = std::find(order.begin(), order.end(), st[s].first);
-      if (it == order.end()) it = order.insert(at, st[s].first);
-      at = it + 1;
-      samples[st[s].first].push_back((static_cast<double>(st[s].second) - static_cast<double>(st[0].second)) / 1000.0);
-    }
-  }
-  if (comm.rank() != 0) return;
-  const std::vector<std::string>& names = order;
-  // %globaltimer advances in steps (256 ns on the H200 of session 22), so every sample, and so the
-  // median, is a whole number of steps: a 0.1 us change shows as 0 or one step. The stamped moments
-  // fall at random phases of the step, so the mean of many samples resolves below it: printed too,
-  // with the step (the smallest nonzero difference between two samples of one stage).
-  double step = 0;
-  for (const auto& kv : samples)
-    for (size_t i = 1; i < kv.second.size(); ++i) {
-      const double dd = std::abs(kv.second[i] - kv.second[i - 1]);
-      if (dd > 1e-3 && (step == 0 || dd < step)) step = dd;
-    }
-  const int counted = iters - no_start;
-  auto partial = [&](const std::vector<double>& v) {
-    return static_cast<int>(v.size()) == counted ? std::string() : " (" + std::to_string(v.size()) + " calls)";
-  };
-  std::printf("[stages] %s tokens=%d, stamping block of rank 0, median us since dispatch start:", preset.c_str(),
-              tokens);
-  bool first = true;
-  for (const auto& n : names) {
-    std::vector<double> v = samples[n];
-    std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
-    std::printf("%s %s %.1f%s", first ? "" : ",", n.c_str(), v[v.size() / 2], partial(v).c_str());
-    first = false;
-  }
-  std::printf("\n[stages] %s tokens=%d, mean of %d (timer step %.3f us):", preset.c_str(), tokens, counted, step);
-  first = true;
-  for (const auto& n : names) {
-    const auto& v = samples[n];
-    double sum = 0;
-    for (double x : v) sum += x;
-    std::printf("%s %s %.2f%s", first ? "" : ",", n.c_str(), sum / static_cast<double>(v.size()), partial(v).c_str());
-    first = false;
-  }
-  if (no_start > 0) std::printf(" [%d calls without a dispatch start stamp left out]", no_start);
-  std::printf("\n");
-}
-
 }  // namespace
 
 Row make_row_identity(const Case& c, const char* system) {
@@ -284,8 +206,6 @@ Row run_epkit(const Communicator& comm, const Case& c, const GroupRouting& mine,
     }
   }
 
-  // Where the time goes inside the fused kernels: block 0's stage stamps, one synced pair at a time.
-  if (opt.stage_timers) print_stage_times(a2a, comm, d, cb, stream, n, c.preset, m);
 
   set_bandwidth(row, bytes.dispatch_per_rank, bytes.combine_per_rank, ceilings.p2p_gbps);
   return row;
