@@ -50,6 +50,7 @@ def main(argv):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, ScalarFormatter
 
     with open(args.json) as f:
         report = json.load(f)
@@ -63,19 +64,42 @@ def main(argv):
               "epkit packed": ("C4", "-o"), "epkit packed graph": ("C4", "--s"),
               "epkit (auto+weights-at-dispatch)": ("C3", "-o"), "epkit (auto+weights-at-dispatch) graph": ("C3", "--s")}
     for ax, key in zip(axes[0], panels):
-        for label, pts in sorted(data[key].items()):
+        preset, world = key
+        where = f"EP{world}" if world > 1 else "world size 1 (local, no link)"
+        series_ = sorted(data[key].items())
+        tokens = {p[0] for _, pts in series_ for p in pts}
+        if len(tokens) == 1:
+            # One token count (prefill): a bar per system, the whisker up to p99.
+            labels = [label for label, _ in series_]
+            med = [pts[0][1] for _, pts in series_]
+            p99 = [pts[0][2] for _, pts in series_]
+            colors = [styles.get(label, (None, ""))[0] for label in labels]
+            ax.bar(range(len(labels)), med, color=colors, alpha=0.8,
+                   yerr=[[0] * len(med), [max(0.0, h - m) for m, h in zip(med, p99)]], capsize=3)
+            for i, m in enumerate(med):
+                ax.text(i, m * 1.05, f"{m:.0f}" if m >= 100 else f"{m:.1f}", ha="center", fontsize=8)
+            ax.set_xticks(range(len(labels)))
+            ax.set_xticklabels([label.replace(" (", "\n(") for label in labels], fontsize=7, rotation=30, ha="right")
+            ax.set_title(f"{preset}, {where}, {tokens.pop()} tokens per rank")
+            ax.set_ylabel(f"{args.metric} latency, µs (median; whisker to p99)")
+            ax.set_yscale("log")
+            ax.grid(True, axis="y", which="both", alpha=0.3)
+            continue
+        for label, pts in series_:
             color, fmt = styles.get(label, (None, "-x"))
             t = [p[0] for p in pts]
             med = [p[1] for p in pts]
             p99 = [p[2] for p in pts]
             ax.plot(t, med, fmt, color=color, label=label)
             ax.fill_between(t, med, p99, color=color, alpha=0.15, linewidth=0)
-        preset, world = key
-        ax.set_title(f"{preset}, EP{world}")
+        ax.set_title(f"{preset}, {where}")
         ax.set_xlabel("tokens per rank")
         ax.set_ylabel(f"{args.metric} latency, µs (median; band to p99)")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(ScalarFormatter())
+        ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}" if f"{v:g}"[0] in "235" else ""))
+        ax.tick_params(axis="y", which="minor", labelsize=7)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
     meta = report.get("meta", {})

@@ -6,7 +6,7 @@
   scripts/plot_plan.py --sweep sweep.json --roofline roofline.json --out docs/img
 
 Writes plan_pareto.png (throughput per node, log scale, against output speed per request, one Pareto
-frontier per EP, like seed 001's figure) and plan_roofline.png (GEMM and GroupGEMM points of one MoE layer
+frontier per EP, like the published DeepSeek-V3 deployment study's figure) and plan_roofline.png (GEMM and GroupGEMM points of one MoE layer
 on the H100 and H200 rooflines).
 """
 import argparse
@@ -74,7 +74,7 @@ def plot_roofline(roof, path):
                 color = cmap(all_eps.index(ep) / max(1, len(all_eps) - 1))
                 ax.scatter([p["intensity_flop_per_byte"] for p in sel], [p["tflops"] for p in sel], s=12,
                            marker=marker, color=color, alpha=0.75, label=f'{r["gpu"]} EP{ep}')
-                # Stars: batch 128 per GPU, as in seed 001's GroupGEMM figure.
+                # Stars: batch 128 per GPU, as in the published study's GroupGEMM figure.
                 star = [p for p in sel if p["batch"] == 128]
                 ax.scatter([p["intensity_flop_per_byte"] for p in star], [p["tflops"] for p in star], s=70,
                            marker="*", color=color, edgecolor="k", lw=0.4)

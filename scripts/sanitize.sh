@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# compute-sanitizer over the GPU suite (issue #6).
+# compute-sanitizer over the GPU suite.
 # Usage: scripts/sanitize.sh BUILD_DIR [memcheck|racecheck|synccheck ...]
 # memcheck runs every test of test_all_to_all at 2 ranks (both data paths: --dp 1 covers the
 # portable test too); racecheck and synccheck, which are far slower, run the split-phase test

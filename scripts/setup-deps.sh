@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Installs what the build needs and the machine lacks, into the project (.deps/), idempotently.
-# - NVSHMEM: pinned wheel nvidia-nvshmem-cu13==3.4.5 (the GPU box's version), unless NVSHMEM_HOME
-#   or python3's nvidia.nvshmem already provides it.
+# - NVSHMEM: pinned wheel nvidia-nvshmem-cu13==3.4.5 (the version docs/PERF.md was measured with),
+#   unless NVSHMEM_HOME or python3's nvidia.nvshmem already provides it.
 # - GoogleTest: Debian's googletest sources (apt) where apt works; a copy goes to .deps/googletest so
-#   machines without apt (the GPU box) can build it from the carried tree.
+#   machines without apt can build it from a copied tree.
 # - CUTLASS headers: the pinned PyPI package nvidia-cutlass==4.2.0.0 (headers under
 #   cutlass_library/source/include), installed with --no-deps into .deps/cutlass-py. Its wheel is
-#   kept in .deps/wheels/ so that a machine without a registry (the GPU box) installs it from there.
+#   kept in .deps/wheels/ so that a machine without a registry installs it from there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 NVSHMEM_PIN="nvidia-nvshmem-cu13==3.4.5"
