@@ -11,7 +11,7 @@
 
 #include "epkit/communicator.hpp"
 #include "epkit/config.hpp"
-#include "epkit/layout.hpp"
+#include "epkit/shapes.hpp"
 #include "epkit/types.hpp"
 
 namespace epkit {

@@ -26,10 +26,10 @@ class Communicator {
   static Communicator from_env();
   // Bootstraps NVSHMEM from an id every rank already holds. device < 0 keeps the current device.
   static Communicator from_unique_id(int rank, int world_size, const UniqueId& id, int device = -1);
-#ifdef EPKIT_WITH_MPI
   // Bootstraps NVSHMEM over an MPI communicator (pass &comm, an MPI_Comm*). Collective over it.
+  // Needs NVSHMEM's MPI bootstrap plugin (nvshmem_bootstrap_mpi.so.3, loaded by NVSHMEM at run time)
+  // and the MPI library it was built for; epkit itself is not built against MPI.
   static Communicator from_mpi(void* mpi_comm, int device = -1);
-#endif
 
   Communicator(Communicator&& other) noexcept;
   Communicator& operator=(Communicator&& other) noexcept;

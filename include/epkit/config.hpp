@@ -20,7 +20,7 @@ struct AllToAllConfig {
   int rank = -1;                // this rank, 0 <= rank < W
   int dp_size = 1;              // D: ranks per DP group; the D ranks of a group hold identical tokens. W % D == 0
   int num_experts = 0;          // E: routed experts; E % W == 0, expert e lives on rank e / (E / W)
-  int experts_per_token = 0;    // K: top-k, 1..16
+  int topk = 0;    // K: top-k, 1..16
   int hidden = 0;               // H: elements per token; a multiple of 16
   int max_tokens_per_rank = 0;  // M: most tokens one rank (one DP group) passes to dispatch
   DType dispatch_dtype = DType::kBF16;    // payload: bf16, fp16 or fp8_e4m3 (fp8 carries fp32 scales per 128)

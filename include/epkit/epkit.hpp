@@ -5,5 +5,5 @@
 #include "epkit/communicator.hpp"
 #include "epkit/config.hpp"
 #include "epkit/error.hpp"
-#include "epkit/layout.hpp"
+#include "epkit/shapes.hpp"
 #include "epkit/types.hpp"

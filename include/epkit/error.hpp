@@ -9,11 +9,14 @@
 namespace epkit {
 
 // The one exception type of the library. what() carries "file:line: message".
+// Its vtable and type info live in libepkit_common.so (the out-of-line destructor), so that every
+// library and program of the process catches the same type.
 class Error : public std::runtime_error {
  public:
   Error(const char* file, int line, const std::string& msg)
       : std::runtime_error(std::string(file) + ":" + std::to_string(line) + ": " + msg) {}
   explicit Error(const std::string& msg) : std::runtime_error(msg) {}
+  ~Error() override;
 };
 
 namespace detail {

@@ -28,7 +28,7 @@ const char* layout_name(ExpertLayout l);  // "masked" / "packed"
 
 // Elements per FP8 block scale (one fp32 scale per kScaleBlock elements of hidden).
 inline constexpr int kScaleBlock = 128;
-// Largest experts_per_token the kernels support.
+// Largest topk the kernels support.
 inline constexpr int kMaxTopK = 16;
 
 // A non-owning view of a contiguous row-major device tensor. Kernels never see it: the host layer

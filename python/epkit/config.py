@@ -33,7 +33,7 @@ class AllToAllConfig:
     """
 
     num_experts: int                    # E: routed experts, E % world_size == 0
-    experts_per_token: int              # K: top-k, 1..16
+    topk: int                           # K: top-k, 1..16
     hidden: int                         # H: elements per token, a multiple of 16
     max_tokens_per_rank: int            # M: most tokens one rank (one DP group) passes to dispatch
     world_size: Optional[int] = None    # W
@@ -57,7 +57,7 @@ class AllToAllConfig:
         c.rank = int(self.rank if self.rank is not None else _C.my_pe())
         c.dp_size = int(self.dp_size)
         c.num_experts = int(self.num_experts)
-        c.experts_per_token = int(self.experts_per_token)
+        c.topk = int(self.topk)
         c.hidden = int(self.hidden)
         c.max_tokens_per_rank = int(self.max_tokens_per_rank)
         c.dispatch_dtype = to_epkit_dtype(self.dispatch_dtype)

@@ -98,7 +98,7 @@ class AllToAll:
             raise EpkitError("AllToAll cannot be created during CUDA graph capture (it allocates and "
                              "synchronises with peers); create it before capturing")
         self._impl: Optional[_NativeAllToAll] = _NativeAllToAll(AllToAllConfig(
-            max_tokens_per_rank=max_num_tokens, num_experts=num_experts, experts_per_token=experts_per_token,
+            max_tokens_per_rank=max_num_tokens, num_experts=num_experts, topk=experts_per_token,
             rank=rank, world_size=world_size, dp_size=dp_size, hidden=hidden_dim, dispatch_dtype=payload,
             combine_in_dtype=cin, combine_out_dtype=cout, **extra))
 

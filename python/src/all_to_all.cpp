@@ -10,7 +10,7 @@
 #include "bindings.hpp"
 #include "epkit/all_to_all.hpp"
 #include "epkit/config.hpp"
-#include "epkit/layout.hpp"
+#include "epkit/shapes.hpp"
 #include "runtime.hpp"
 #include "tensor_arg.hpp"
 
@@ -136,7 +136,7 @@ void bind_all_to_all(nb::module_& m) {
       .def_rw("rank", &AllToAllConfig::rank)
       .def_rw("dp_size", &AllToAllConfig::dp_size)
       .def_rw("num_experts", &AllToAllConfig::num_experts)
-      .def_rw("experts_per_token", &AllToAllConfig::experts_per_token)
+      .def_rw("topk", &AllToAllConfig::topk)
       .def_rw("hidden", &AllToAllConfig::hidden)
       .def_rw("max_tokens_per_rank", &AllToAllConfig::max_tokens_per_rank)
       .def_rw("dispatch_dtype", &AllToAllConfig::dispatch_dtype)

@@ -33,18 +33,18 @@ COMBOS = {
 
 def problem(world_size, dp_size, payload):
     d, cin, cout, _ = PAYLOADS[payload]
-    return Problem(world_size, dp_size, num_experts=4 * world_size, experts_per_token=TOP_K, hidden=HIDDEN,
+    return Problem(world_size, dp_size, num_experts=4 * world_size, topk=TOP_K, hidden=HIDDEN,
                    max_tokens=MAX_TOKENS, payload=d, combine_in=cin, combine_out=cout)
 
 
 def combo_problem(world_size, dp_size, payload, cin, cout):
-    return Problem(world_size, dp_size, num_experts=4 * world_size, experts_per_token=TOP_K, hidden=HIDDEN,
+    return Problem(world_size, dp_size, num_experts=4 * world_size, topk=TOP_K, hidden=HIDDEN,
                    max_tokens=MAX_TOKENS, payload=payload, combine_in=cin, combine_out=cout)
 
 
 def pplx_all_to_all(p: Problem, rank):
     """An AllToAll created the pplx way: only hidden_dim_bytes says the element size."""
-    return epkit.pplx.AllToAll.internode(p.max_tokens, p.num_experts, p.experts_per_token, rank, p.world_size, p.dp_size,
+    return epkit.pplx.AllToAll.internode(p.max_tokens, p.num_experts, p.topk, rank, p.world_size, p.dp_size,
                                     p.hidden, p.hidden_dim_bytes, p.hidden_dim_scale_bytes)
 
 
@@ -81,11 +81,11 @@ def _padded(gi, p: Problem, rows):
     dev = gi.x.device
     pad = rows - gi.m
     g = torch.Generator(device="cpu").manual_seed(12345 + gi.m)
-    pad_idx = torch.rand(pad, p.num_experts, generator=g).topk(p.experts_per_token, dim=1).indices.to(dev)
+    pad_idx = torch.rand(pad, p.num_experts, generator=g).topk(p.topk, dim=1).indices.to(dev)
     x = torch.cat([gi.x, torch.full((pad, p.hidden), 3.0, device=dev).to(p.payload)])
     scale = None if gi.x_scale is None else torch.cat([gi.x_scale, torch.full((pad, p.num_scales), 9.0, device=dev)])
     idx = as_u32(torch.cat([gi.idx, pad_idx]))
-    w = torch.cat([gi.weights, torch.full((pad, p.experts_per_token), 5.0, device=dev)])
+    w = torch.cat([gi.weights, torch.full((pad, p.topk), 5.0, device=dev)])
     return x, scale, idx, w
 
 
@@ -153,7 +153,7 @@ def idiomatic(rank, world_size):
     int64 indices, returned outputs and split halves."""
     dev = _device()
     p = Problem(world_size, 1, 4 * world_size, TOP_K, HIDDEN, MAX_TOKENS, torch.float16, torch.float32, torch.bfloat16)
-    cfg = epkit.AllToAllConfig(num_experts=p.num_experts, experts_per_token=TOP_K, hidden=HIDDEN,
+    cfg = epkit.AllToAllConfig(num_experts=p.num_experts, topk=TOP_K, hidden=HIDDEN,
                                max_tokens_per_rank=MAX_TOKENS, dp_size=1, dispatch_dtype="fp16",
                                combine_in_dtype=torch.float32, combine_out_dtype="bf16")
     cfg.validate()
@@ -188,7 +188,7 @@ def weights_at_dispatch(rank, world_size, dp_size):
     none; weights on the wrong call raise EpkitError and launch nothing."""
     dev = _device()
     p = problem(world_size, dp_size, "fp8")
-    cfg = epkit.AllToAllConfig(num_experts=p.num_experts, experts_per_token=TOP_K, hidden=HIDDEN,
+    cfg = epkit.AllToAllConfig(num_experts=p.num_experts, topk=TOP_K, hidden=HIDDEN,
                                max_tokens_per_rank=MAX_TOKENS, dp_size=dp_size, dispatch_dtype="fp8_e4m3",
                                weights_at_dispatch=True)
     with epkit.AllToAll(cfg) as ata:
@@ -238,8 +238,8 @@ def cuda_graph(rank, world_size, dp_size, combos=GRAPH_COMBOS):
 
         x = torch.zeros(p.max_tokens, p.hidden, device=dev).to(p.payload)
         x_scale = torch.ones(p.max_tokens, p.num_scales, device=dev) if p.num_scales else None
-        idx = as_u32(torch.zeros(p.max_tokens, p.experts_per_token, dtype=torch.int32, device=dev))
-        w = torch.zeros(p.max_tokens, p.experts_per_token, device=dev)
+        idx = as_u32(torch.zeros(p.max_tokens, p.topk, dtype=torch.int32, device=dev))
+        w = torch.zeros(p.max_tokens, p.topk, device=dev)
         bound_m = torch.zeros(1, dtype=torch.int32, device=dev).view(torch.uint32)
         num_tokens, expert_x, expert_x_scale = _poisoned_dispatch_outputs(p)
         expert_y = torch.empty(p.num_local_experts, p.capacity, p.hidden, dtype=p.combine_in, device=dev)
@@ -299,7 +299,7 @@ def errors(rank, world_size):
     _expect_error(lambda: epkit.pplx.AllToAll.internode(MAX_TOKENS, 4 * world_size, TOP_K, rank, world_size, 1,
                                                    HIDDEN, 3 * HIDDEN, 0), "hidden_dim_bytes")
     p = problem(world_size, 1, "bf16")
-    ata = epkit.pplx.AllToAll.internode(p.max_tokens, p.num_experts, p.experts_per_token, rank, world_size, 1,
+    ata = epkit.pplx.AllToAll.internode(p.max_tokens, p.num_experts, p.topk, rank, world_size, 1,
                                    p.hidden, p.hidden_dim_bytes, 0)
     compat_round(ata, p, rank, seed=1, variant="fused_host_m", rtol=1e-2, tag=f"errors before rank={rank}")
 
@@ -413,7 +413,7 @@ def nvshmem_helpers(rank, world_size):
     assert epkit._C.num_live_allocations() == live - 3
 
     # An AllToAll dropped without destroy() keeps its memory until finalize (which the harness runs).
-    a = epkit.AllToAll(num_experts=2 * world_size, experts_per_token=1, hidden=128, max_tokens_per_rank=4)
+    a = epkit.AllToAll(num_experts=2 * world_size, topk=1, hidden=128, max_tokens_per_rank=4)
     assert a.num_p2p_peers == sum(maps) - 1, f"rank {rank}: {a.num_p2p_peers} P2P peers, maps_peer gave {maps}"
     before = epkit._C.num_live_instances()
     del a
@@ -425,7 +425,7 @@ def intranode_bootstrap(rank, world_size):
     """pplx-style intranode: no nvshmem_init by the caller; epkit bootstraps over torch.distributed."""
     assert not epkit.nvshmem_initialized()
     p = problem(world_size, 1, "bf16")
-    ata = epkit.pplx.AllToAll.intranode(p.max_tokens, p.num_experts, p.experts_per_token, rank, world_size, 1,
+    ata = epkit.pplx.AllToAll.intranode(p.max_tokens, p.num_experts, p.topk, rank, world_size, 1,
                                    p.hidden, p.hidden_dim_bytes, 0, group_name="default")
     assert epkit.nvshmem_my_pe() == rank
     compat_round(ata, p, rank, seed=11, variant="fused_host_m", rtol=1e-2, tag=f"intranode rank={rank}")

@@ -13,7 +13,7 @@ TOP_K = 3
 
 def config(world_size, dp_size, payload, align, **kw):
     d = {"bf16": "bf16", "fp8": "fp8_e4m3"}[payload]
-    return epkit.AllToAllConfig(num_experts=4 * world_size, experts_per_token=TOP_K, hidden=HIDDEN,
+    return epkit.AllToAllConfig(num_experts=4 * world_size, topk=TOP_K, hidden=HIDDEN,
                                 max_tokens_per_rank=MAX_TOKENS, world_size=world_size, rank=0, dp_size=dp_size,
                                 dispatch_dtype=d, layout="packed", packed_row_align=align, **kw)
 
@@ -75,7 +75,7 @@ def _padded(gi, p, rows):
     dev = gi.x.device
     pad = rows - gi.m
     g = torch.Generator(device="cpu").manual_seed(4321 + gi.m)
-    pad_idx = torch.rand(pad, p.num_experts, generator=g).topk(p.experts_per_token, dim=1).indices.to(dev)
+    pad_idx = torch.rand(pad, p.num_experts, generator=g).topk(p.topk, dim=1).indices.to(dev)
     x = torch.cat([gi.x, torch.full((pad, p.hidden), 3.0, device=dev).to(p.payload)])
     scale = None if gi.x_scale is None else torch.cat([gi.x_scale, torch.full((pad, p.num_scales), 9.0, device=dev)])
     return x, scale, torch.cat([gi.idx, pad_idx]), torch.cat([gi.weights, torch.full((pad, TOP_K), 5.0, device=dev)])

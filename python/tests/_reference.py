@@ -20,7 +20,7 @@ class Problem:
     world_size: int
     dp_size: int
     num_experts: int
-    experts_per_token: int
+    topk: int
     hidden: int
     max_tokens: int
     payload: torch.dtype
@@ -76,8 +76,8 @@ def group_inputs(p: Problem, group: int, seed: int, m: int = None) -> GroupInput
         x_scale = torch.rand(m, p.num_scales, generator=g) + 0.5
     else:
         x = xf.to(p.payload)
-    idx = torch.rand(m, p.num_experts, generator=g).topk(p.experts_per_token, dim=1).indices
-    weights = torch.rand(m, p.experts_per_token, generator=g)
+    idx = torch.rand(m, p.num_experts, generator=g).topk(p.topk, dim=1).indices
+    weights = torch.rand(m, p.topk, generator=g)
     return GroupInputs(m, x, x_scale, idx, weights)
 
 
@@ -145,7 +145,7 @@ def combine_reference(p: Problem, gi: GroupInputs):
     deq = dequant(gi.x, gi.x_scale, p.hidden)
     ref = torch.zeros(gi.m, p.hidden, device=gi.x.device)
     mag = torch.zeros_like(ref)
-    for k in range(p.experts_per_token):
+    for k in range(p.topk):
         y = (deq * coef[gi.idx[:, k]][:, None]).to(p.combine_in).float()
         wy = gi.weights[:, k:k + 1] * y
         ref += wy

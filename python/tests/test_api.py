@@ -41,7 +41,7 @@ def test_config_fields_are_the_cpp_fields():
     assert py <= cpp, f"fields missing in the C++ config: {py - cpp}"
     cpp_fields = {n for n in cpp if not callable(getattr(epkit._C.AllToAllConfig(), n))}
     assert cpp_fields <= py, f"C++ config fields missing in Python: {cpp_fields - py}"
-    cfg = epkit.AllToAllConfig(num_experts=16, experts_per_token=4, hidden=7168, max_tokens_per_rank=128,
+    cfg = epkit.AllToAllConfig(num_experts=16, topk=4, hidden=7168, max_tokens_per_rank=128,
                                world_size=8, rank=3, dp_size=2, dispatch_dtype="fp8_e4m3", path="portable",
                                weights_at_dispatch=True)
     c = cfg.to_cpp()

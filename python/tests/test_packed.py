@@ -36,11 +36,11 @@ def test_packed_config_host_side():
         _config(2, 1, "fp8", 16, packed_rows=40).validate()
     with pytest.raises(epkit.EpkitError, match="layout"):
         dataclasses.replace(cfg, layout="ragged").to_cpp()
-    masked = epkit.AllToAllConfig(num_experts=8, experts_per_token=2, hidden=256, max_tokens_per_rank=4,
+    masked = epkit.AllToAllConfig(num_experts=8, topk=2, hidden=256, max_tokens_per_rank=4,
                                   world_size=2, rank=0)
     assert not masked.packed and masked.to_cpp().layout == epkit.ExpertLayout.masked
     with pytest.raises(epkit.EpkitError, match="apply to layout = packed only"):
-        epkit.AllToAllConfig(num_experts=8, experts_per_token=2, hidden=256, max_tokens_per_rank=4, world_size=2,
+        epkit.AllToAllConfig(num_experts=8, topk=2, hidden=256, max_tokens_per_rank=4, world_size=2,
                              rank=0, packed_rows=8).validate()
 
 

@@ -44,7 +44,7 @@ def _simulate_combine(p, group, groups, ys_by_rank, slots_by_rank):
     L = p.num_local_experts
     for t in range(gi.m):
         acc = torch.zeros(p.hidden)
-        for k in range(p.experts_per_token):
+        for k in range(p.topk):
             e = int(gi.idx[t, k])
             r = e // L
             l, s = slots_by_rank[r][(group, t, e)]

@@ -4,7 +4,7 @@
 #include <sstream>
 
 #include "epkit/error.hpp"
-#include "epkit/layout.hpp"
+#include "common/buffer_layout.hpp"
 
 namespace epkit {
 
@@ -25,9 +25,9 @@ void validate(const AllToAllConfig& c) {
               " must be in [1, ", kMaxExperts, "]");
   EPKIT_CHECK(c.num_experts % c.world_size == 0, "num_experts = ", c.num_experts,
               " must be a multiple of world_size = ", c.world_size);
-  EPKIT_CHECK(c.experts_per_token >= 1 && c.experts_per_token <= kMaxTopK, "experts_per_token = ",
-              c.experts_per_token, " must be in [1, ", kMaxTopK, "]");
-  EPKIT_CHECK(c.experts_per_token <= c.num_experts, "experts_per_token = ", c.experts_per_token,
+  EPKIT_CHECK(c.topk >= 1 && c.topk <= kMaxTopK, "topk = ",
+              c.topk, " must be in [1, ", kMaxTopK, "]");
+  EPKIT_CHECK(c.topk <= c.num_experts, "topk = ", c.topk,
               " exceeds num_experts = ", c.num_experts);
   EPKIT_CHECK(c.hidden >= 16 && c.hidden <= kMaxHidden && c.hidden % 16 == 0, "hidden = ", c.hidden,
               " must be a multiple of 16 in [16, ", kMaxHidden, "]");
@@ -103,7 +103,7 @@ std::vector<std::pair<std::string, int64_t>> agreement_fields(const AllToAllConf
   return {{"world_size", c.world_size},
           {"dp_size", c.dp_size},
           {"num_experts", c.num_experts},
-          {"experts_per_token", c.experts_per_token},
+          {"topk", c.topk},
           {"hidden", c.hidden},
           {"max_tokens_per_rank", c.max_tokens_per_rank},
           {"dispatch_dtype", static_cast<int64_t>(c.dispatch_dtype)},
@@ -120,7 +120,7 @@ std::vector<std::pair<std::string, int64_t>> agreement_fields(const AllToAllConf
 std::string to_string(const AllToAllConfig& c) {
   std::ostringstream os;
   os << "AllToAllConfig{world_size=" << c.world_size << ", rank=" << c.rank << ", dp_size=" << c.dp_size
-     << ", num_experts=" << c.num_experts << ", experts_per_token=" << c.experts_per_token
+     << ", num_experts=" << c.num_experts << ", topk=" << c.topk
      << ", hidden=" << c.hidden << ", max_tokens_per_rank=" << c.max_tokens_per_rank
      << ", dispatch_dtype=" << dtype_name(c.dispatch_dtype) << ", combine_in_dtype=" << dtype_name(c.combine_in_dtype)
      << ", combine_out_dtype=" << dtype_name(c.combine_out_dtype) << ", layout=" << layout_name(c.layout)

@@ -5,7 +5,7 @@
 #include <string>
 
 #include "epkit/error.hpp"
-#include "epkit/layout.hpp"
+#include "common/buffer_layout.hpp"
 #include "epkit/moe_layer.hpp"
 #include "layer/sizes.hpp"
 
@@ -60,7 +60,7 @@ AllToAllConfig all_to_all_config(const MoELayerConfig& c, int half_tokens) {
   a.rank = c.rank;
   a.dp_size = c.dp_size;
   a.num_experts = c.num_experts;
-  a.experts_per_token = c.topk;
+  a.topk = c.topk;
   a.hidden = c.hidden;
   a.max_tokens_per_rank = half_tokens;
   a.dispatch_dtype = DType::kFP8E4M3;

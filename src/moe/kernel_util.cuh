@@ -8,7 +8,7 @@
 
 #include "moe/device_errors.cuh"
 #include "moe/moe_math.hpp"
-#include "transport/cuda_check.hpp"
+#include "common/cuda_check.hpp"
 
 namespace epkit::moe::detail {
 

@@ -9,7 +9,7 @@
 #include "epkit/communicator.hpp"
 #include "epkit/error.hpp"
 #include "transport/control.cuh"
-#include "transport/cuda_check.hpp"
+#include "common/cuda_check.hpp"
 
 namespace epkit::transport {
 

@@ -15,7 +15,7 @@
 // ranks calling operations in different orders into a loud error instead of wrong blobs.
 //
 // Sockets are non-blocking and every wait is a poll() bounded by the operation's deadline.
-#include "epkit/rendezvous.hpp"
+#include "transport/rendezvous.hpp"
 
 #include <arpa/inet.h>
 #include <fcntl.h>

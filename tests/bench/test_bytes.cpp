@@ -12,7 +12,7 @@ AllToAllConfig decode_cfg(int world, int dp = 1) {
   c.rank = 0;
   c.dp_size = dp;
   c.num_experts = 256;
-  c.experts_per_token = 8;
+  c.topk = 8;
   c.hidden = 7168;
   c.max_tokens_per_rank = 128;
   c.dispatch_dtype = DType::kFP8E4M3;
@@ -35,7 +35,7 @@ TEST(BenchBytes, TokenBytes) {
 
 TEST(BenchBytes, RemoteDestinationsCountsDistinctRemoteRanks) {
   AllToAllConfig c = decode_cfg(4);  // 64 experts per rank
-  c.experts_per_token = 4;
+  c.topk = 4;
   const int32_t row[] = {0, 63, 64, 200};  // ranks 0, 0, 1, 3
   EXPECT_EQ(remote_destinations(c, row, 0), 2);
   EXPECT_EQ(remote_destinations(c, row, 1), 2);  // ranks 0 and 3
@@ -49,7 +49,7 @@ TEST(BenchBytes, RemoteDestinationsCountsDistinctRemoteRanks) {
 
 TEST(BenchBytes, AlgorithmicBytesOverGroups) {
   AllToAllConfig c = decode_cfg(2);
-  c.experts_per_token = 2;
+  c.topk = 2;
   // Group 0 (rank 0): token 0 -> rank 1 only; token 1 -> ranks 0 and 1. Group 1 (rank 1): token 0 -> rank 0; token 1 -> rank 1.
   std::vector<std::vector<int32_t>> groups = {{128, 129, 0, 200}, {5, 6, 130, 131}};
   const AlgorithmicBytes b = algorithmic_bytes(c, groups, 2);
@@ -66,7 +66,7 @@ TEST(BenchBytes, DpGroupDealsTokensRoundRobin) {
   EXPECT_EQ(epkit::dp_sender_rank(c, 0, 2), 0);  // round-robin over the group's 2 ranks
   EXPECT_EQ(epkit::dp_sender_rank(c, 0, 3), 1);
   EXPECT_EQ(epkit::dp_sender_rank(c, 1, 4), 2);
-  c.experts_per_token = 1;
+  c.topk = 1;
   // Group 0, 2 tokens: token 0 sent by rank 0 to expert 70 (rank 1, remote); token 1 sent by rank 1 to rank 1 (local).
   std::vector<std::vector<int32_t>> groups = {{70, 80}, {0, 0}};
   const AlgorithmicBytes b = algorithmic_bytes(c, groups, 2);

@@ -18,7 +18,7 @@ TEST(BenchPresets, DefaultExpansion) {
   EXPECT_EQ(d.rank, 1);
   EXPECT_EQ(d.hidden, 7168);
   EXPECT_EQ(d.num_experts, 256);
-  EXPECT_EQ(d.experts_per_token, 8);
+  EXPECT_EQ(d.topk, 8);
   EXPECT_EQ(d.max_tokens_per_rank, 128);
   EXPECT_EQ(d.dispatch_dtype, DType::kFP8E4M3);
   EXPECT_EQ(d.combine_in_dtype, DType::kBF16);
@@ -28,7 +28,7 @@ TEST(BenchPresets, DefaultExpansion) {
   EXPECT_EQ(cases[7].preset, "decode-v2lite");
   EXPECT_EQ(v.hidden, 2048);
   EXPECT_EQ(v.num_experts, 64);
-  EXPECT_EQ(v.experts_per_token, 6);
+  EXPECT_EQ(v.topk, 6);
   EXPECT_EQ(cases[14].preset, "prefill");
   EXPECT_EQ(cases[14].num_tokens, 4096);
   EXPECT_EQ(cases[14].cfg.hidden, 7168);
@@ -42,7 +42,7 @@ TEST(BenchPresets, Overrides) {
   ASSERT_EQ(cases.size(), 2u);
   for (const Case& c : cases) {
     EXPECT_EQ(c.cfg.num_experts, 128);
-    EXPECT_EQ(c.cfg.experts_per_token, 4);
+    EXPECT_EQ(c.cfg.topk, 4);
     EXPECT_EQ(c.cfg.dispatch_dtype, DType::kBF16);
     EXPECT_EQ(c.cfg.dp_size, 2);
     EXPECT_EQ(c.cfg.path, DataPath::kPortable);

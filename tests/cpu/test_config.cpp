@@ -16,7 +16,7 @@ AllToAllConfig good() {
   c.rank = 3;
   c.dp_size = 2;
   c.num_experts = 256;
-  c.experts_per_token = 8;
+  c.topk = 8;
   c.hidden = 7168;
   c.max_tokens_per_rank = 128;
   c.dispatch_dtype = DType::kFP8E4M3;
@@ -42,8 +42,8 @@ TEST(Config, RejectsEachBadField) {
   expect_error([](auto& c) { c.rank = -1; }, "rank = -1");
   expect_error([](auto& c) { c.dp_size = 3; }, "dp_size = 3 must be >= 1 and divide world_size = 8");
   expect_error([](auto& c) { c.num_experts = 100; }, "num_experts = 100 must be a multiple of world_size = 8");
-  expect_error([](auto& c) { c.experts_per_token = 17; }, "experts_per_token = 17 must be in [1, 16]");
-  expect_error([](auto& c) { c.experts_per_token = 0; }, "experts_per_token = 0");
+  expect_error([](auto& c) { c.topk = 17; }, "topk = 17 must be in [1, 16]");
+  expect_error([](auto& c) { c.topk = 0; }, "topk = 0");
   expect_error([](auto& c) { c.hidden = 7170; }, "hidden = 7170 must be a multiple of 16");
   expect_error([](auto& c) { c.max_tokens_per_rank = 0; }, "max_tokens_per_rank = 0");
   expect_error([](auto& c) { c.dispatch_dtype = DType::kFP32; }, "dispatch_dtype = fp32");

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "epkit/error.hpp"
-#include "epkit/layout.hpp"
+#include "common/buffer_layout.hpp"
 
 namespace epkit {
 namespace {
@@ -18,7 +18,7 @@ AllToAllConfig decode_ep(int W, int D = 1) {
   c.rank = 0;
   c.dp_size = D;
   c.num_experts = 256;
-  c.experts_per_token = 8;
+  c.topk = 8;
   c.hidden = 7168;
   c.max_tokens_per_rank = 128;
   c.dispatch_dtype = DType::kFP8E4M3;
@@ -34,7 +34,7 @@ TEST(Layout, MessageBytes) {
   EXPECT_EQ(m.bytes, 7472u);
   EXPECT_EQ(m.slices, 4u);          // 7168 / 2048 rounded up
   AllToAllConfig c = decode_ep(8);
-  c.experts_per_token = 1;
+  c.topk = 1;
   c.dispatch_dtype = DType::kBF16;
   const MessageLayout b = MessageLayout::make(c);
   EXPECT_EQ(b.header_bytes, 32u);   // 24 rounded up to 16
@@ -43,14 +43,14 @@ TEST(Layout, MessageBytes) {
   EXPECT_EQ(b.payload_offset, 32u);
   c.weights_at_dispatch = true;  // K fp32 weights join the header
   EXPECT_EQ(MessageLayout::make(c).header_bytes, 32u);  // 16 + 12 * 1 = 28, rounded up
-  c.experts_per_token = 8;
+  c.topk = 8;
   EXPECT_EQ(MessageLayout::make(c).header_bytes, 112u);
   EXPECT_EQ(b.slices, 7u);
 }
 
 std::vector<std::pair<size_t, size_t>> regions(const AllToAllConfig& c) {
   const SymmetricLayout s = SymmetricLayout::make(c);
-  const size_t W = c.world_size, L = c.num_experts / W, K = c.experts_per_token, M = c.max_tokens_per_rank;
+  const size_t W = c.world_size, L = c.num_experts / W, K = c.topk, M = c.max_tokens_per_rank;
   const size_t S = (M + c.dp_size - 1) / c.dp_size, out = c.hidden * 2;
   return {{s.dispatch_recv, W * S * s.msg.bytes},  {s.dispatch_stage, S * s.msg.bytes},
           {s.dispatch_counts, W * (L + 1) * 8},    {s.dispatch_count_stage, W * (L + 1) * 8},
@@ -90,7 +90,7 @@ TEST(Layout, SymmetricRegionsAreAlignedDisjointAndInside) {
     AllToAllConfig c = decode_ep(1 << (rng() % 8), 1);
     c.dp_size = 1 << (rng() % (1 + __builtin_ctz(c.world_size)));
     c.num_experts = c.world_size * (1 + rng() % 8);
-    c.experts_per_token = 1 + rng() % std::min(16, c.num_experts);
+    c.topk = 1 + rng() % std::min(16, c.num_experts);
     c.hidden = 16 * (1 + rng() % 600);
     c.max_tokens_per_rank = 1 + rng() % 5000;
     c.dispatch_dtype = rng() % 2 ? DType::kFP8E4M3 : DType::kBF16;
@@ -237,10 +237,10 @@ TEST(Layout, PackedRowBoundIsSafeAndTight) {
   for (int trial = 0; trial < 2000; ++trial) {
     AllToAllConfig c = decode_ep(1 << (rng() % 4));
     c.num_experts = c.world_size * (1 + rng() % 12);
-    c.experts_per_token = 1 + rng() % std::min(16, c.num_experts);
+    c.topk = 1 + rng() % std::min(16, c.num_experts);
     c.max_tokens_per_rank = 1 + rng() % 40;
     c = packed(c, 1 + rng() % 20);
-    const int L = num_local_experts(c), K = c.experts_per_token, a = c.packed_row_align;
+    const int L = num_local_experts(c), K = c.topk, a = c.packed_row_align;
     const int per = c.max_tokens_per_rank * num_dp_groups(c), n = per * std::min(K, L);
     const int64_t bound = packed_row_bound(c);
     std::vector<int> cnt(L, 0);

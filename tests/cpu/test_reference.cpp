@@ -7,14 +7,14 @@
 #include <set>
 #include <tuple>
 
-#include "epkit/reference.hpp"
+#include "reference/comm/reference.hpp"
 
 namespace epkit {
 namespace {
 
 AllToAllConfig cfg(int W, int D, int E, int K, int H, int M) {
   AllToAllConfig c;
-  c.world_size = W, c.rank = 0, c.dp_size = D, c.num_experts = E, c.experts_per_token = K, c.hidden = H;
+  c.world_size = W, c.rank = 0, c.dp_size = D, c.num_experts = E, c.topk = K, c.hidden = H;
   c.max_tokens_per_rank = M;
   return c;
 }
@@ -23,7 +23,7 @@ std::vector<ref::GroupRouting> random_routing(const AllToAllConfig& c, std::mt19
   std::vector<ref::GroupRouting> g(num_dp_groups(c));
   for (auto& r : g) {
     r.num_tokens = rng() % (c.max_tokens_per_rank + 1);
-    r.topk_idx.resize(static_cast<size_t>(c.max_tokens_per_rank) * c.experts_per_token);
+    r.topk_idx.resize(static_cast<size_t>(c.max_tokens_per_rank) * c.topk);
     for (auto& v : r.topk_idx) {
       const int u = rng() % 20;
       v = u == 0 ? -1 : (u == 1 ? c.num_experts + 3 : static_cast<int>(rng() % c.num_experts));
@@ -37,13 +37,13 @@ TEST(Reference, EveryValidEntryLandsExactlyOnceOnItsExpertsRank) {
   for (int trial = 0; trial < 100; ++trial) {
     const int W = 1 << (rng() % 4), D = 1 << (rng() % (1 + __builtin_ctz(W)));
     const AllToAllConfig c = cfg(W, D, W * (1 + rng() % 8), 1 + rng() % 8, 16, 1 + rng() % 40);
-    if (c.experts_per_token > c.num_experts) continue;
+    if (c.topk > c.num_experts) continue;
     const auto g = random_routing(c, rng);
     size_t valid = 0;
     for (const auto& r : g)
       for (int t = 0; t < r.num_tokens; ++t)
-        for (int k = 0; k < c.experts_per_token; ++k) {
-          const int e = r.topk_idx[t * c.experts_per_token + k];
+        for (int k = 0; k < c.topk; ++k) {
+          const int e = r.topk_idx[t * c.topk + k];
           valid += e >= 0 && e < c.num_experts;
         }
     std::set<std::tuple<int, int, int>> seen;
@@ -55,7 +55,7 @@ TEST(Reference, EveryValidEntryLandsExactlyOnceOnItsExpertsRank) {
       for (size_t el = 0; el < slots.size(); ++el) {
         ASSERT_EQ(counts[el], static_cast<int>(slots[el].size()));
         for (const auto& s : slots[el]) {
-          const int e = g[s.group].topk_idx[s.token * c.experts_per_token + s.k];
+          const int e = g[s.group].topk_idx[s.token * c.topk + s.k];
           EXPECT_EQ(e, rank * num_local_experts(c) + static_cast<int>(el));
           EXPECT_LT(s.token, g[s.group].num_tokens);
           EXPECT_TRUE(seen.insert({s.group, s.token, s.k}).second);
@@ -160,7 +160,7 @@ TEST(Reference, DropsFollowThePlacement) {
   for (int trial = 0; trial < 200; ++trial) {
     const int W = 1 << (rng() % 3);
     AllToAllConfig c = cfg(W, 1, W * (1 + rng() % 4), 1 + rng() % 3, 16, 1 + rng() % 12);
-    if (c.experts_per_token > c.num_experts) continue;
+    if (c.topk > c.num_experts) continue;
     const bool packed = rng() % 2;
     if (packed) {
       c.layout = ExpertLayout::kPacked;
@@ -169,8 +169,8 @@ TEST(Reference, DropsFollowThePlacement) {
     auto g = random_routing(c, rng);
     for (auto& r : g)  // distinct experts per token (or none), for which the defaults cannot overflow
       for (int t = 0; t < c.max_tokens_per_rank; ++t)
-        for (int k = 0; k < c.experts_per_token; ++k) {
-          int32_t& e = r.topk_idx[t * c.experts_per_token + k];
+        for (int k = 0; k < c.topk; ++k) {
+          int32_t& e = r.topk_idx[t * c.topk + k];
           e = rng() % 3 == 0 ? -1 : (t + k) % c.num_experts;
         }
     validate(c);

@@ -7,7 +7,7 @@
 #include <string>
 
 #include "epkit/error.hpp"
-#include "host/validate.hpp"
+#include "comm/host/validate.hpp"
 
 namespace epkit {
 namespace {
@@ -16,7 +16,7 @@ void* addr(uintptr_t i) { return reinterpret_cast<void*>(0x100000 + 0x1000 * i);
 
 AllToAllConfig cfg(bool fp8 = true, bool wad = false) {
   AllToAllConfig c;
-  c.world_size = 4, c.rank = 1, c.dp_size = 2, c.num_experts = 16, c.experts_per_token = 4, c.hidden = 256;
+  c.world_size = 4, c.rank = 1, c.dp_size = 2, c.num_experts = 16, c.topk = 4, c.hidden = 256;
   c.max_tokens_per_rank = 8;
   c.dispatch_dtype = fp8 ? DType::kFP8E4M3 : DType::kBF16;
   c.weights_at_dispatch = wad;
@@ -25,7 +25,7 @@ AllToAllConfig cfg(bool fp8 = true, bool wad = false) {
 }
 
 DispatchArgs good_dispatch(const AllToAllConfig& c) {
-  const int64_t M = c.max_tokens_per_rank, H = c.hidden, K = c.experts_per_token, L = 4, cap = 16, ns = 2;
+  const int64_t M = c.max_tokens_per_rank, H = c.hidden, K = c.topk, L = 4, cap = 16, ns = 2;
   DispatchArgs a;
   a.x = Tensor(addr(1), c.dispatch_dtype, {M, H});
   if (c.dispatch_dtype == DType::kFP8E4M3) a.x_scale = Tensor(addr(2), DType::kFP32, {M, ns});
@@ -39,7 +39,7 @@ DispatchArgs good_dispatch(const AllToAllConfig& c) {
 }
 
 CombineArgs good_combine(const AllToAllConfig& c) {
-  const int64_t M = c.max_tokens_per_rank, H = c.hidden, K = c.experts_per_token, L = 4, cap = 16;
+  const int64_t M = c.max_tokens_per_rank, H = c.hidden, K = c.topk, L = 4, cap = 16;
   CombineArgs a;
   a.expert_y = Tensor(addr(8), c.combine_in_dtype, {L, cap, H});
   a.topk_idx = Tensor(addr(3), DType::kInt32, {M, K});

@@ -1,6 +1,6 @@
 #include "harness.hpp"
 
-#include "kernels/kernel_params.hpp"  // kLocalLargeTokens
+#include "comm/local/mapping.hpp"  // kLocalLargeTokens
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -230,7 +230,7 @@ const char* routing_name(Routing r) {
 }
 
 std::vector<GroupInputs> make_inputs(const AllToAllConfig& cfg, Routing routing, int m, uint64_t seed) {
-  const int G = num_dp_groups(cfg), M = cfg.max_tokens_per_rank, H = cfg.hidden, K = cfg.experts_per_token;
+  const int G = num_dp_groups(cfg), M = cfg.max_tokens_per_rank, H = cfg.hidden, K = cfg.topk;
   const int E = cfg.num_experts, L = num_local_experts(cfg), ns = scales_per_token(cfg);
   const size_t es = dtype_size(cfg.dispatch_dtype);
   std::mt19937_64 shared(seed);
@@ -295,7 +295,7 @@ void host_expert_output(const AllToAllConfig& cfg, const GroupInputs& in, int t,
 }
 
 void RankBuffers::allocate(const AllToAllConfig& cfg, DType idx) {
-  const size_t M = cfg.max_tokens_per_rank, H = cfg.hidden, K = cfg.experts_per_token;
+  const size_t M = cfg.max_tokens_per_rank, H = cfg.hidden, K = cfg.topk;
   const size_t L = num_local_experts(cfg), rows = expert_rows(cfg), ns = scales_per_token(cfg);
   idx_dtype = idx;
   x = DeviceBuffer(M * H * dtype_size(cfg.dispatch_dtype));
@@ -312,7 +312,7 @@ void RankBuffers::allocate(const AllToAllConfig& cfg, DType idx) {
 }
 
 void RankBuffers::upload(const AllToAllConfig& cfg, const GroupInputs& in, cudaStream_t st) {
-  const size_t M = cfg.max_tokens_per_rank, K = cfg.experts_per_token;
+  const size_t M = cfg.max_tokens_per_rank, K = cfg.topk;
   cuda_or_throw(cudaMemcpyAsync(x.ptr, in.x.data(), x.bytes, cudaMemcpyHostToDevice, st), "upload x");
   if (x_scale.bytes)
     cuda_or_throw(cudaMemcpyAsync(x_scale.ptr, in.x_scale.data(), x_scale.bytes, cudaMemcpyHostToDevice, st), "scale");
@@ -351,7 +351,7 @@ Tensor expert_view(const AllToAllConfig& cfg, void* buf, DType t, int64_t inner)
 }  // namespace
 
 DispatchArgs RankBuffers::dispatch_args(const AllToAllConfig& cfg, int m, bool device_m) const {
-  const int64_t M = cfg.max_tokens_per_rank, H = cfg.hidden, K = cfg.experts_per_token;
+  const int64_t M = cfg.max_tokens_per_rank, H = cfg.hidden, K = cfg.topk;
   const int64_t L = num_local_experts(cfg), ns = scales_per_token(cfg);
   DispatchArgs a;
   a.x = Tensor(x.ptr, cfg.dispatch_dtype, {M, H});
@@ -367,7 +367,7 @@ DispatchArgs RankBuffers::dispatch_args(const AllToAllConfig& cfg, int m, bool d
 }
 
 CombineArgs RankBuffers::combine_args(const AllToAllConfig& cfg, int m, bool device_m) const {
-  const int64_t M = cfg.max_tokens_per_rank, H = cfg.hidden, K = cfg.experts_per_token;
+  const int64_t M = cfg.max_tokens_per_rank, H = cfg.hidden, K = cfg.topk;
   CombineArgs a;
   a.expert_y = expert_view(cfg, expert_y.ptr, cfg.combine_in_dtype, H);
   a.topk_idx = Tensor(idx_ptr(), idx_dtype, {M, K});
@@ -615,7 +615,7 @@ std::string check_combine(const AllToAllConfig& cfg, const std::vector<GroupInpu
   // Entries dispatch dropped for lack of room contribute nothing; tokens with an entry that may or
   // may not have been dropped (or one expert listed twice among the dropped) are not checked.
   const ref::Drops drops = ref::dispatch_drops(cfg, all);
-  const int K = cfg.experts_per_token;
+  const int K = cfg.topk;
   std::vector<char> skip(M, 0);
   std::vector<std::vector<int>> dropped_experts(M);
   for (const ref::Slot& s : drops.maybe_dropped)

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "epkit/epkit.hpp"
-#include "epkit/reference.hpp"
+#include "reference/comm/reference.hpp"
 
 namespace epkit::test {
 

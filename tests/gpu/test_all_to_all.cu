@@ -28,7 +28,7 @@ AllToAllConfig make_config(int hidden, int topk, int experts, DType payload, int
   c.rank = comm().rank();
   c.dp_size = g_dp;
   c.num_experts = experts;
-  c.experts_per_token = topk;
+  c.topk = topk;
   c.hidden = hidden;
   c.max_tokens_per_rank = kM;
   c.dispatch_dtype = payload;
@@ -427,7 +427,7 @@ TEST(AllToAll, OverflowIsReportedNotWritten) {
   } else {
     cfg.capacity = num_dp_groups(cfg);
   }
-  const int M = cfg.max_tokens_per_rank, K = cfg.experts_per_token;
+  const int M = cfg.max_tokens_per_rank, K = cfg.topk;
   AllToAll a2a(comm(), cfg);
   RankBuffers b;
   b.allocate(cfg, DType::kInt32);

@@ -8,7 +8,7 @@
 #include <random>
 #include <vector>
 
-#include "kernels/warp_match.cuh"
+#include "comm/kernels/warp_match.cuh"
 
 namespace {
 

@@ -4,7 +4,7 @@
 #include <string>
 #include <vector>
 
-#include "epkit/rendezvous.hpp"
+#include "transport/rendezvous.hpp"
 
 int main() {
   try {

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "epkit/error.hpp"
-#include "epkit/rendezvous.hpp"
+#include "transport/rendezvous.hpp"
 
 namespace {
 

@@ -72,7 +72,7 @@ TEST(MoELayerConfig, DerivedConfigs) {
   const AllToAllConfig a = all_to_all_config(c, microbatch_split(c));
   EXPECT_EQ(a.max_tokens_per_rank, 64);
   EXPECT_EQ(a.num_experts, 256);
-  EXPECT_EQ(a.experts_per_token, 8);
+  EXPECT_EQ(a.topk, 8);
   EXPECT_EQ(a.dispatch_dtype, DType::kFP8E4M3);
   EXPECT_EQ(a.combine_in_dtype, DType::kBF16);
   EXPECT_TRUE(a.weights_at_dispatch);  // the router's weights exist before dispatch

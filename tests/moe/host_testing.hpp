@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "epkit/moe/router.hpp"
-#include "reference/numerics.hpp"
+#include "reference/moe/numerics.hpp"
 
 namespace epkit::moe::host_test {
 

@@ -11,9 +11,9 @@
 
 #include "epkit/error.hpp"
 #include "epkit/moe/grouped_gemm.hpp"
-#include "epkit/moe/reference_gemm.hpp"
+#include "reference/moe/reference_gemm.hpp"
 #include "host_testing.hpp"
-#include "reference/numerics.hpp"
+#include "reference/moe/numerics.hpp"
 
 namespace epkit::moe {
 namespace {

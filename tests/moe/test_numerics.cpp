@@ -7,7 +7,7 @@
 #include <cmath>
 #include <random>
 
-#include "reference/numerics.hpp"
+#include "reference/moe/numerics.hpp"
 
 namespace epkit::ref {
 namespace {

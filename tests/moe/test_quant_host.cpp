@@ -6,10 +6,10 @@
 #include <vector>
 
 #include "epkit/moe/quant.hpp"
-#include "epkit/moe/reference.hpp"
+#include "reference/moe/reference.hpp"
 #include "expect_error.hpp"
 #include "host_testing.hpp"
-#include "reference/numerics.hpp"
+#include "reference/moe/numerics.hpp"
 
 namespace epkit::moe {
 namespace {

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "epkit/moe/gate.hpp"
-#include "epkit/moe/reference.hpp"
+#include "reference/moe/reference.hpp"
 #include "epkit/moe/router.hpp"
 #include "expect_error.hpp"
 #include "host_testing.hpp"

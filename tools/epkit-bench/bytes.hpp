@@ -47,7 +47,7 @@ inline int expert_owner_rank(const AllToAllConfig& cfg, int expert) {
 inline int remote_destinations(const AllToAllConfig& cfg, const int32_t* topk_row, int sender) {
   int dests[kMaxTopK];
   int n = 0;
-  for (int k = 0; k < cfg.experts_per_token; ++k) {
+  for (int k = 0; k < cfg.topk; ++k) {
     const int e = topk_row[k];
     if (e < 0 || e >= cfg.num_experts) continue;
     const int r = expert_owner_rank(cfg, e);
@@ -76,7 +76,7 @@ inline AlgorithmicBytes algorithmic_bytes(const AllToAllConfig& cfg,
     for (int t = 0; t < num_tokens; ++t) {
       const int sender = epkit::dp_sender_rank(cfg, static_cast<int>(g), t);
       b.pairs += static_cast<uint64_t>(
-          remote_destinations(cfg, group_topk[g].data() + static_cast<size_t>(t) * cfg.experts_per_token, sender));
+          remote_destinations(cfg, group_topk[g].data() + static_cast<size_t>(t) * cfg.topk, sender));
     }
   }
   b.dispatch = b.pairs * dispatch_token_bytes(cfg);

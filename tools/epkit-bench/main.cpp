@@ -16,8 +16,8 @@
 #include "epkit/communicator.hpp"
 #include "epkit/config.hpp"
 #include "epkit/error.hpp"
-#include "epkit/layout.hpp"
-#include "epkit/probes.hpp"
+#include "epkit/shapes.hpp"
+#include "epkit/diagnostics.hpp"
 #include "meta.hpp"
 #include "options.hpp"
 #include "presets.hpp"
@@ -42,7 +42,7 @@ void size_symmetric_heap(const std::vector<Case>& cases, const Options& opt, int
   if (std::getenv("NVSHMEM_SYMMETRIC_SIZE")) return;
   size_t need = 2 * opt.ceiling_bytes;
   for (const Case& c : cases) {
-    need = std::max(need, SymmetricLayout::make(c.cfg).total_bytes);
+    need = std::max(need, symmetric_heap_bytes(c.cfg));
     if (opt.baselines) need = std::max(need, 2 * dense_buffer_bytes(c.cfg));
   }
   need += size_t{1} << 30;
@@ -149,7 +149,7 @@ int run(const std::vector<std::string>& argv) {
   for (const Case& c : cases) {
     // Every rank derives every group's routing: its own feeds the kernels, all of them count bytes.
     const AllToAllConfig& cfg = c.cfg;
-    const RoutingSpec spec{c.routing, cfg.num_experts, cfg.experts_per_token, c.zipf_s, c.seed};
+    const RoutingSpec spec{c.routing, cfg.num_experts, cfg.topk, c.zipf_s, c.seed};
     std::vector<GroupRouting> groups;
     std::vector<std::vector<int32_t>> group_idx;
     for (int g = 0; g < cfg.world_size / cfg.dp_size; ++g) {

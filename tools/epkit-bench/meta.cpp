@@ -10,7 +10,7 @@
 #include <algorithm>
 #include <sstream>
 
-#include "epkit/probes.hpp"
+#include "epkit/diagnostics.hpp"
 
 #ifndef EPKIT_BENCH_GIT_COMMIT
 #define EPKIT_BENCH_GIT_COMMIT "unknown"

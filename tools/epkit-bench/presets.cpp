@@ -45,7 +45,7 @@ std::vector<Case> expand_cases(const Options& opt, int world_size, int rank) {
         cfg.dp_size = opt.dp_size;
         cfg.hidden = opt.hidden.value_or(p.hidden);
         cfg.num_experts = opt.experts.value_or(p.num_experts);
-        cfg.experts_per_token = opt.topk.value_or(p.topk);
+        cfg.topk = opt.topk.value_or(p.topk);
         cfg.dispatch_dtype = opt.dispatch_dtype.value_or(p.dispatch_dtype);
         cfg.combine_in_dtype = opt.combine_dtype.value_or(p.combine_dtype);
         cfg.combine_out_dtype = cfg.combine_in_dtype;
@@ -57,7 +57,7 @@ std::vector<Case> expand_cases(const Options& opt, int world_size, int rank) {
         cfg.path = opt.portable ? DataPath::kPortable : DataPath::kAuto;
         cfg.weights_at_dispatch = opt.weights_at_dispatch;
         cfg.num_sms = opt.num_sms;
-        EPKIT_CHECK(cfg.experts_per_token <= cfg.num_experts, "--topk ", cfg.experts_per_token,
+        EPKIT_CHECK(cfg.topk <= cfg.num_experts, "--topk ", cfg.topk,
                     " exceeds the number of experts ", cfg.num_experts, " (preset ", p.name,
                     "): a token cannot pick distinct experts");
         cases.push_back(c);

@@ -12,8 +12,8 @@
 #include "device.hpp"
 #include "epkit/all_to_all.hpp"
 #include "epkit/error.hpp"
-#include "epkit/layout.hpp"
-#include "epkit/probes.hpp"
+#include "epkit/shapes.hpp"
+#include "epkit/diagnostics.hpp"
 #include "timing.hpp"
 
 namespace epkit::bench {
@@ -46,7 +46,7 @@ Row make_row_identity(const Case& c, const char* system) {
   r.dp_size = c.cfg.dp_size;
   r.hidden = c.cfg.hidden;
   r.experts = c.cfg.num_experts;
-  r.topk = c.cfg.experts_per_token;
+  r.topk = c.cfg.topk;
   r.max_tokens = c.cfg.max_tokens_per_rank;
   r.dispatch_dtype = dtype_name(c.cfg.dispatch_dtype);
   r.combine_dtype = dtype_name(c.cfg.combine_out_dtype);
@@ -68,7 +68,7 @@ Row run_epkit(const Communicator& comm, const Case& c, const GroupRouting& mine,
   row.workspace_bytes = static_cast<int64_t>(a2a.workspace_bytes());
   row.p2p_peers = a2a.num_p2p_peers();
 
-  const int64_t M = cfg.max_tokens_per_rank, H = cfg.hidden, K = cfg.experts_per_token;
+  const int64_t M = cfg.max_tokens_per_rank, H = cfg.hidden, K = cfg.topk;
   const int64_t L = num_local_experts(cfg), rows = expert_rows(cfg), S = scales_per_token(cfg);
   const bool packed = cfg.layout == ExpertLayout::kPacked;
   // The expert-major view of a buffer in the config's layout, trailing dim `inner`.

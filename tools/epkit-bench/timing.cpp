@@ -2,7 +2,7 @@
 
 #include "device.hpp"
 #include "epkit/error.hpp"
-#include "epkit/probes.hpp"
+#include "epkit/diagnostics.hpp"
 
 namespace epkit::bench {
 

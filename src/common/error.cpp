@@ -1,0 +1,7 @@
+#include "epkit/error.hpp"
+
+namespace epkit {
+
+Error::~Error() = default;
+
+}  // namespace epkit
