@@ -20,8 +20,9 @@ class Error : public std::runtime_error {
 };
 
 namespace detail {
+// Hidden: each library keeps its own instantiations instead of exporting them.
 template <typename... Args>
-std::string concat(Args&&... args) {
+[[gnu::visibility("hidden")]] std::string concat(Args&&... args) {
   std::ostringstream os;
   (os << ... << std::forward<Args>(args));
   return os.str();

@@ -11,7 +11,7 @@ namespace epkit {
 
 // Most tokens per rank an object takes (AllToAllConfig::max_tokens_per_rank): it keeps every
 // symmetric offset and slot index inside int32 arithmetic on the device.
-inline constexpr int kMaxTokensPerRank = 1 << 16;
+constexpr int kMaxTokensPerRank = 1 << 16;
 
 // --- The expert-major tensors of dispatch (expert_x, expert_x_scale) and combine (expert_y) ---
 //

@@ -27,9 +27,9 @@ enum class ExpertLayout : int32_t {
 const char* layout_name(ExpertLayout l);  // "masked" / "packed"
 
 // Elements per FP8 block scale (one fp32 scale per kScaleBlock elements of hidden).
-inline constexpr int kScaleBlock = 128;
+constexpr int kScaleBlock = 128;
 // Largest topk the kernels support.
-inline constexpr int kMaxTopK = 16;
+constexpr int kMaxTopK = 16;
 
 // A non-owning view of a contiguous row-major device tensor. Kernels never see it: the host layer
 // checks it against the config and passes raw pointers down.

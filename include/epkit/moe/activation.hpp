@@ -17,7 +17,7 @@
 
 namespace epkit::moe {
 
-inline constexpr int kMaxLocalExperts = 1024;
+constexpr int kMaxLocalExperts = 1024;
 
 struct SiluMulQuantArgs {
   ExpertLayout layout = ExpertLayout::kMasked;

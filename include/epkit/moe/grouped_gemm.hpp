@@ -20,7 +20,7 @@
 namespace epkit::moe {
 
 // Largest num_groups a GroupedGemm accepts (local experts of one rank).
-inline constexpr int kMaxGemmGroups = 1024;
+constexpr int kMaxGemmGroups = 1024;
 
 // The problem a GroupedGemm object is built for; counts vary per run, everything here is fixed.
 struct GroupedGemmShape {

@@ -30,7 +30,7 @@ enum class RouterMode : int32_t {
 };
 const char* router_mode_name(RouterMode m);  // "softmax_topk" / "grouped_topk"
 
-inline constexpr int kMaxRouterExperts = 512;
+constexpr int kMaxRouterExperts = 512;
 
 struct RouterConfig {
   RouterMode mode = RouterMode::kGroupedTopK;
