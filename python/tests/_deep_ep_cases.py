@@ -363,11 +363,11 @@ def _unpack_ue8m0(packed: torch.Tensor, S: int) -> torch.Tensor:
 
 def low_latency_overlap_cases(env, rank: int, W: int, seed: int):
     """Two dispatches in flight on one Buffer (vLLM's dual-batch overlap, SGLang's two-batch overlap),
-    combined in order; then the errors of a third and of stale handles."""
+    combined in order, with 0, 5 or 24 tokens per rank; then the errors of a third and of stale handles."""
     E, H, M = 4 * W, 256, LL_M
     L = E // W
     buf = env.buffer(low_latency_mode=True, num_qps_per_rank=L)
-    batches = [_ll_inputs(seed, 100 + b, W, E, H, M) for b in range(2)]
+    batches = [_ll_inputs(seed, 100 + b, W, E, H, M, which_m=[0, 5, M]) for b in range(2)]  # a rank with no token
     pending = []
     for b, inputs in enumerate(batches):
         x, idx, w = inputs[rank]
