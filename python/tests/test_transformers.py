@@ -1,0 +1,454 @@
+"""epkit.transformers: epkit as a Hugging Face transformers experts implementation ("epkit") and
+MoE blocks patched into epkit.MoELayer (patch_moe), for DeepseekV3MoE, Qwen3MoeSparseMoeBlock and
+MixtralSparseMoeBlock built from transformers' own classes.
+
+CPU (no GPU, no compiled extension needed): registration in transformers' experts interfaces, the
+ImportError without transformers, the mapping of each transformers config onto MoELayerConfig
+(field values, and the routing semantics: the mapped epkit router reproduces transformers' router),
+the errors for what epkit does not compute, and the experts implementation's own logic (packed
+permutation on the device, "no expert" sentinels, the weight cache and its invalidation, FP8
+checkpoints taken as they are, torch.compile(fullgraph=True)) with a torch stand-in for epkit's four
+kernels (_hf_cases.RefBackend, float64 references that poison every row they do not own).
+
+GPU (marked gpu; need the compiled extension): the same blocks at the models' real hidden and
+intermediate sizes (DeepSeek-V3's 256 experts reduced to 32; stress: all 256), exactly-FP8 weights
+(_hf_cases' docstring), 1, odd and ~1000 tokens.
+
+Tolerances. epkit differs from the transformers block (same weights) by its FP8 activations: x and
+silu(gate) * up are rounded to e4m3 in 1x128 blocks (3 mantissa bits: relative error up to 2^-4 per
+element). That effect is measured in each case, not assumed: `emulate_experts` computes epkit's
+documented arithmetic in float64 (bit-exact activation quantizers of _moe_reference) and its relative
+Frobenius distance to the block, eps_fp8 (about 4.3%; sanity: above 0.5% since the roundings are
+there, below 2 x 2^-4 since two roundings of at most 2^-4 each cannot do more). epkit must then be
+within eps_fp8 + 1e-2 of the block (Frobenius; per row within that row's eps_fp8 + 3e-2) and within
+1e-2 / 3e-2 per row of the emulation itself (the layer tests' allowance for accumulation order: one
+bf16 step that moves one e4m3 code). A wrong expert, a lost token or a wrong weight moves a row by
+O(10%) to O(100%).
+"""
+
+import importlib
+import math
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="epkit's Python tests need torch")
+pytest.importorskip("transformers", reason="epkit.transformers' tests need Hugging Face transformers: "
+                                           "pip install 'epkit[transformers]'")
+
+import _hf_cases as C  # noqa: E402
+import _moe_reference as R  # noqa: E402
+
+et, HAVE_EXT = C.import_epkit_transformers()
+
+gpu = pytest.mark.gpu
+stress = pytest.mark.stress
+needs_ext = pytest.mark.skipif(not HAVE_EXT, reason="the GPU tests need epkit's compiled extension (import epkit "
+                               f"failed: {getattr(et, '_loaded_without_extension', '')})")
+SEED = C.env_seed()
+FP8 = torch.float8_e4m3fn
+TIGHT_FROB, TIGHT_ROW = 1e-2, 3e-2
+
+
+def _tag(s):
+    return f"{s} (EPKIT_PY_SEED={SEED})"
+
+
+@pytest.fixture
+def ref_backend():
+    b = C.RefBackend()
+    old = et._use_backend(b)
+    yield b
+    et._use_backend(old)
+
+
+# -- registration ------------------------------------------------------------------------------
+
+def test_registration():
+    from transformers.integrations.finegrained_fp8 import ALL_FP8_EXPERTS_FUNCTIONS, FP8ExpertsInterface
+    from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS, ExpertsInterface
+    assert et.registered()
+    assert ALL_EXPERTS_FUNCTIONS.get_interface("epkit", None) is et.experts_forward
+    assert ALL_FP8_EXPERTS_FUNCTIONS.get_interface("epkit", None) is et.experts_forward
+    before = (dict(ExpertsInterface._global_mapping), dict(FP8ExpertsInterface._global_mapping))
+    et.register()
+    et.register()
+    assert (dict(ExpertsInterface._global_mapping), dict(FP8ExpertsInterface._global_mapping)) == before
+    # register() restores the mapping if someone replaced it.
+    ExpertsInterface.register("epkit", lambda *a: None)
+    assert not et.registered()
+    et.register()
+    assert et.registered() and ALL_EXPERTS_FUNCTIONS["epkit"] is et.experts_forward
+    # transformers' model-level check accepts the name (what from_pretrained(experts_implementation=) runs)...
+    model = _tiny_deepseek_model()
+    assert model.get_correct_experts_implementation("epkit") == "epkit"
+    with pytest.raises(ValueError, match="not supported"):  # ...and is a real check
+        model.get_correct_experts_implementation("epkit_not_registered")
+
+
+def _tiny_deepseek_model(**over):
+    import transformers as tf
+    kw = dict(vocab_size=64, hidden_size=256, intermediate_size=256, moe_intermediate_size=128, num_hidden_layers=2,
+              first_k_dense_replace=1, num_attention_heads=2, num_key_value_heads=2, kv_lora_rank=64, q_lora_rank=None,
+              qk_rope_head_dim=16, qk_nope_head_dim=32, v_head_dim=32, n_routed_experts=8, num_experts_per_tok=2,
+              n_group=2, topk_group=1, n_shared_experts=1, num_mtp_layers=0)
+    kw.update(over)
+    torch.manual_seed(SEED)
+    return tf.DeepseekV3ForCausalLM(tf.DeepseekV3Config(**kw)).eval()
+
+
+def test_model_dispatches_to_epkit(ref_backend):
+    """set_experts_implementation("epkit") sends every MoE layer's experts through experts_forward."""
+    model = _tiny_deepseek_model()
+    ids = torch.randint(0, 64, (1, 5))
+    with torch.no_grad():
+        model.set_experts_implementation("eager")
+        want = model(ids).logits
+        assert ref_backend.calls == []
+        model.set_experts_implementation("epkit")
+        got = model(ids).logits
+    assert model.config._experts_implementation == "epkit"
+    # One MoE layer (the first is dense): weights quantized once, then quantize, 2 GEMMs, SiLU-mul.
+    assert ref_backend.calls.count("quantize_weights") == 2 and ref_backend.calls.count("grouped_gemm") == 2
+    assert torch.isfinite(got).all()
+    # FP8 weights and activations against bf16: a few percent on random weights, not O(1).
+    assert C.rel_frob(got, want) < 0.1, _tag(f"logits differ by {C.rel_frob(got, want):.3g}")
+
+
+def test_import_error_without_transformers(monkeypatch):
+    """Without transformers, importing epkit.transformers raises ImportError saying what to install."""
+    name = et.__name__
+    monkeypatch.setitem(sys.modules, "transformers", None)  # `import transformers` now raises ImportError
+    monkeypatch.delitem(sys.modules, name)
+    with pytest.raises(ImportError, match=r"pip install 'epkit\[transformers\]'"):
+        importlib.import_module(name)
+
+
+# -- the config mapping ------------------------------------------------------------------------
+
+EXPECTED = {
+    "deepseek_v3": dict(hidden=7168, intermediate=2048, num_experts=256, topk=8, router_mode="grouped_topk",
+                        num_groups=8, topk_groups=4, renormalize=True, routed_scaling=2.5, num_shared_experts=1,
+                        shared_intermediate=2048),
+    "qwen3_moe": dict(hidden=2048, intermediate=768, num_experts=128, topk=8, router_mode="softmax_topk",
+                      num_groups=1, topk_groups=1, renormalize=True, routed_scaling=1.0, num_shared_experts=0),
+    "mixtral": dict(hidden=4096, intermediate=14336, num_experts=8, topk=2, router_mode="softmax_topk",
+                    num_groups=1, topk_groups=1, renormalize=True, routed_scaling=1.0, num_shared_experts=0),
+}
+
+
+@pytest.mark.parametrize("family", C.FAMILIES)
+def test_layer_config_from(family):
+    d = et.layer_config_from(C.hf_config(family), max_tokens=512)
+    assert set(d) <= C.moe_layer_config_fields(), set(d) - C.moe_layer_config_fields()
+    for k, v in EXPECTED[family].items():
+        assert d[k] == v, f"{family}: {k} = {d[k]!r}, expected {v!r}"
+    assert (d["world_size"], d["rank"], d["dp_size"], d["max_tokens_per_rank"]) == (1, 0, 1, 512)
+    assert et.layer_config_from(C.hf_config(family), schedule="microbatch")["schedule"] == "microbatch"
+    if HAVE_EXT:
+        import epkit
+        epkit.MoELayerConfig(**d).validate()
+
+
+def test_layer_config_from_variants():
+    # Qwen3-MoE's own default does not renormalise; several DeepSeek shared experts are one wider.
+    assert et.layer_config_from(C.hf_config("qwen3_moe", norm_topk_prob=False))["renormalize"] is False
+    d = et.layer_config_from(C.hf_config("deepseek_v3", n_shared_experts=2))
+    assert (d["num_shared_experts"], d["shared_intermediate"]) == (1, 4096)
+    d = et.layer_config_from(C.hf_config("deepseek_v3", n_shared_experts=0))
+    assert (d["num_shared_experts"], d["shared_intermediate"]) == (0, 0)
+
+
+@pytest.mark.parametrize("family,over,needle", [
+    ("deepseek_v3", dict(norm_topk_prob=False), "norm_topk_prob=False"),
+    ("deepseek_v3", dict(hidden_act="gelu"), "hidden_act='gelu'"),
+    ("deepseek_v3", dict(moe_intermediate_size=2000), "moe_intermediate_size=2000 is not a multiple of 128"),
+    ("deepseek_v3", dict(n_routed_experts=640, n_group=8), "640 routed experts"),
+    ("deepseek_v3", dict(n_routed_experts=32, num_experts_per_tok=12, topk_group=2), "exceeds the experts of the kept"),
+    ("qwen3_moe", dict(num_experts_per_tok=17), "num_experts_per_tok=17"),
+    ("qwen3_moe", dict(hidden_size=2000, num_attention_heads=16), "hidden_size=2000"),
+    ("qwen3_moe", dict(output_router_logits=True), "output_router_logits"),
+    ("mixtral", dict(intermediate_size=14000), "intermediate_size=14000"),
+])
+def test_layer_config_rejects(family, over, needle):
+    with pytest.raises(et.UnsupportedError, match=needle) as e:
+        et.layer_config_from(C.hf_config(family, **over))
+    assert C.hf_config(family).__class__.__name__ in str(e.value)
+
+
+def test_layer_config_rejects_other_models():
+    import transformers as tf
+    with pytest.raises(et.UnsupportedError, match="qwen2_moe"):
+        et.layer_config_from(tf.Qwen2MoeConfig())
+
+
+@pytest.mark.parametrize("family,over", [
+    ("deepseek_v3", {}), ("qwen3_moe", {}), ("qwen3_moe", dict(norm_topk_prob=False)), ("mixtral", {}),
+])
+def test_layer_config_reproduces_the_router(family, over):
+    """The mapped RouterConfig, run by epkit's router reference (_moe_reference.route: the kernels'
+    arithmetic), chooses transformers' experts with transformers' weights from the same logits."""
+    cfg = C.hf_config(family, small=True, **over)
+    blk = C.make_block(family, cfg, "cpu", SEED, dtype=torch.float32)
+    d = et.layer_config_from(cfg)
+    x = C.tokens(300, cfg.hidden_size, "cpu", SEED + 1).float()
+    with torch.no_grad():
+        idx, w, logits = C.route(blk, x)
+    bias = blk.block.gate.e_score_correction_bias if family == "deepseek_v3" else None
+    r_idx, r_w = R.route(R.Router(d["router_mode"], d["num_experts"], d["topk"], d["num_groups"], d["topk_groups"],
+                                  d["renormalize"], d["routed_scaling"]), logits.float(), bias)
+    tie = C.near_ties(family, cfg, logits.float(), bias)
+    ok = C.same_sets(idx, r_idx)
+    assert bool((ok | tie).all()), _tag(f"{family}: {int((~ok & ~tie).sum())} tokens routed differently")
+    assert int(ok.sum()) >= 250, _tag(f"{family}: only {int(ok.sum())} of 300 tokens comparable")
+    # The weights of the tokens routed alike, matched by expert.
+    w_sorted = w.float().gather(1, idx.argsort(-1))[ok]
+    r_sorted = r_w.gather(1, r_idx.long().argsort(-1))[ok]
+    assert torch.allclose(w_sorted, r_sorted, rtol=1e-5, atol=1e-6), _tag(f"{family}: weights")
+
+
+# -- unsupported experts -----------------------------------------------------------------------
+
+def _experts(family="deepseek_v3", **over):
+    cfg = C.hf_config(family, small=True, **over)
+    cfg._experts_implementation = "epkit"
+    return C.block_class(family)(cfg).eval()
+
+
+@pytest.mark.parametrize("setup,needle", [
+    (lambda b: None, None),
+    (lambda b: setattr(b.experts, "has_bias", True), r"bias terms \(has_bias=True\)"),
+    (lambda b: setattr(b.experts, "is_concatenated", False), r"interleaved gate/up layout \(is_concatenated=False\)"),
+    (lambda b: setattr(b.experts, "is_transposed", False) or setattr(b.experts, "is_transposed", True),
+     r"transposed expert weights"),
+    (lambda b: setattr(b.experts, "has_gate", False), r"without a gate projection"),
+    (lambda b: setattr(b.experts, "act_fn", torch.nn.GELU()), r"the activation GELU"),
+])
+def test_unsupported_experts_raise_before_any_kernel(ref_backend, setup, needle):
+    b = _experts()
+    setup(b)
+    x = C.tokens(5, b.experts.hidden_dim, "cpu", SEED).float().to(b.experts.gate_up_proj.dtype)
+    if needle is None:
+        with torch.no_grad():
+            b(x[None])
+        assert "grouped_gemm" in ref_backend.calls
+        return
+    with torch.no_grad(), pytest.raises(et.UnsupportedError, match=needle) as e:
+        b(x[None])
+    assert "DeepseekV3Experts" in str(e.value)
+    assert ref_backend.calls == [], "a kernel ran before the error"
+
+
+def test_unsupported_configs_of_experts(ref_backend):
+    with pytest.raises(et.UnsupportedError, match="the activation GELUActivation"):
+        et.check_experts(_experts(hidden_act="gelu").experts)
+    with pytest.raises(et.UnsupportedError, match="intermediate size 96 is not a multiple of 128"):
+        et.check_experts(_experts(moe_intermediate_size=96).experts)
+    with pytest.raises(et.UnsupportedError, match=r"Qwen3MoeExperts.*intermediate size 200"):
+        et.check_experts(_experts("qwen3_moe", moe_intermediate_size=200).experts)
+    assert ref_backend.calls == []
+
+
+def test_real_unsupported_classes():
+    """transformers' own experts that epkit does not compute: GPT-OSS (bias, interleaved gate/up,
+    transposed weights, clamped SwiGLU) and Nemotron-H (no gate)."""
+    import transformers as tf
+    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssExperts
+    cfg = tf.GptOssConfig(hidden_size=256, intermediate_size=256, num_local_experts=4, num_experts_per_tok=2)
+    with pytest.raises(et.UnsupportedError, match=r"GptOssExperts.*has_bias=True"):
+        et.check_experts(GptOssExperts(cfg))
+    from transformers.models.nemotron_h import modeling_nemotron_h as nh
+    experts_cls = [c for c in vars(nh).values() if isinstance(c, type) and c.__name__.endswith("Experts")]
+    assert experts_cls, "no experts class in nemotron_h"
+    ncfg = tf.NemotronHConfig(hidden_size=256, moe_intermediate_size=256, n_routed_experts=4, num_experts_per_tok=2)
+    with pytest.raises(et.UnsupportedError, match=r"without a gate projection"):
+        et.check_experts(experts_cls[0](ncfg))
+
+
+def test_patch_moe_rejects_before_replacing(ref_backend):
+    import transformers as tf
+    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssMLP
+    gcfg = tf.GptOssConfig(hidden_size=256, intermediate_size=256, num_local_experts=4, num_experts_per_tok=2)
+    ok_block = C.block_class("mixtral")(C.hf_config("mixtral", small=True)).eval()
+    model = torch.nn.ModuleDict({"a": ok_block, "b": GptOssMLP(gcfg).eval()})
+    with pytest.raises(et.UnsupportedError, match=r"GptOssMLP 'b'.*patch_moe converts only"):
+        et.patch_moe(model)
+    assert model["a"] is ok_block, "a block was replaced although patch_moe raised"
+    # On CPU the supported block cannot be converted either: said before anything is made.
+    assert et.patch_moe(torch.nn.ModuleDict({"b": GptOssMLP(gcfg).eval()}), skip_unsupported=True) == []
+    with pytest.raises(et.UnsupportedError, match=r"MixtralSparseMoeBlock 'a'.*CUDA"):
+        et.patch_moe(torch.nn.ModuleDict({"a": ok_block}))
+    bad = C.block_class("deepseek_v3")(C.hf_config("deepseek_v3", small=True, norm_topk_prob=False)).eval()
+    with pytest.raises(et.UnsupportedError, match="norm_topk_prob=False"):
+        et.patch_moe(torch.nn.ModuleDict({"m": bad}))
+    train = C.block_class("qwen3_moe")(C.hf_config("qwen3_moe", small=True))
+    with pytest.raises(et.UnsupportedError, match="training mode"):
+        et.patch_moe(torch.nn.ModuleDict({"m": train}))
+    assert ref_backend.calls == []
+
+
+# -- the experts implementation's logic, on CPU with the reference kernels ---------------------
+
+def _check_experts_output(got, x, idx, w, blk, want_block, tag):
+    """The tolerances of the module docstring; returns eps_fp8."""
+    emul = C.emulate_experts(x, idx, w, blk.w13, blk.w2)
+    eps = C.rel_frob(emul, want_block)
+    assert 0.005 < eps < 2 * 2.0 ** -4, _tag(f"{tag}: FP8 emulation vs block {eps:.3g} is not the size of FP8 rounding")
+    assert C.rel_frob(got, emul) <= TIGHT_FROB, _tag(f"{tag}: vs emulation {C.rel_frob(got, emul):.3g}")
+    assert float(C.row_rel(got, emul).max()) <= TIGHT_ROW, _tag(f"{tag}: row vs emulation")
+    err = C.rel_frob(got, want_block)
+    assert err <= eps + TIGHT_FROB, _tag(f"{tag}: vs block {err:.4f} > eps_fp8 {eps:.4f} + {TIGHT_FROB}")
+    rows = C.row_rel(got, want_block) - C.row_rel(emul, want_block)
+    assert float(rows.max()) <= TIGHT_ROW, _tag(f"{tag}: a row is {float(rows.max()):.3g} further from the block "
+                                                f"than FP8 rounding explains")
+    return eps
+
+
+@pytest.mark.parametrize("family", C.FAMILIES)
+def test_experts_forward_cpu(ref_backend, family):
+    cfg = C.hf_config(family, small=True)
+    blk = C.make_block(family, cfg, "cpu", SEED)
+    H = cfg.hidden_size
+    for T in (1, 7, 64):
+        x = C.tokens(T, H, "cpu", SEED + T)
+        with torch.no_grad():
+            idx, w, _ = C.route(blk, x)
+            C.set_impl(blk, "eager")
+            want = blk.block.experts(x, idx, w)
+            C.set_impl(blk, "epkit")
+            got = blk.block.experts(x, idx, w)
+        assert got.dtype == x.dtype and got.shape == x.shape
+        _check_experts_output(got, x, idx, w, blk, want, f"{family} T={T}")
+    # The epkit cache is the block's own FP8 weights, code for code (exactly-FP8 weights).
+    c = blk.block.experts.__dict__[et._CACHE_ATTR]
+    assert c.quantized_here and torch.equal(c.w13.view(torch.uint8), blk.w13.q.view(torch.uint8))
+    assert torch.equal(c.w2_scale, blk.w2.scale_inv)
+
+
+def test_sentinels_and_unpicked_expert_cpu(ref_backend):
+    """Indices outside [0, E) (transformers' EP sentinels) add nothing; an expert no token picks is
+    never read (its weights are NaN here)."""
+    family = "qwen3_moe"
+    cfg = C.hf_config(family, small=True)
+    blk = C.make_block(family, cfg, "cpu", SEED)
+    E, H = cfg.num_experts, cfg.hidden_size
+    with torch.no_grad():
+        blk.block.experts.gate_up_proj[5] = float("nan")
+        blk.block.experts.down_proj[5] = float("nan")
+    x = C.tokens(33, H, "cpu", SEED)
+    g = torch.Generator().manual_seed(SEED)
+    idx = torch.stack([torch.randperm(E - 1, generator=g)[:cfg.num_experts_per_tok] for _ in range(33)])
+    idx = torch.where(idx >= 5, idx + 1, idx)  # never expert 5
+    w = torch.rand(33, cfg.num_experts_per_tok, generator=g)
+    idx[3, 1], idx[10, 0], idx[11] = -1, E, E  # sentinels; token 11 has no expert at all
+    with torch.no_grad():
+        C.set_impl(blk, "epkit")
+        got = blk.block.experts(x, idx, w)
+        keep = (idx >= 0) & (idx < E)
+        C.set_impl(blk, "eager")
+        want = blk.block.experts(x, torch.where(keep, idx, torch.zeros_like(idx)), torch.where(keep, w, 0 * w))
+    assert torch.isfinite(got).all(), "NaN from an unpicked expert or a sentinel"
+    assert torch.equal(got[11], torch.zeros_like(got[11]))
+    blk.w13.q[5].zero_()  # the emulation must not see NaN codes either (never read: any value does)
+    _check_experts_output(got, x, torch.where(keep, idx, -1), w, blk, want, "sentinels")
+
+
+def test_weight_cache_cpu(ref_backend):
+    family = "mixtral"
+    cfg = C.hf_config(family, small=True)
+    blk = C.make_block(family, cfg, "cpu", SEED)
+    ex = blk.block.experts
+    C.set_impl(blk, "epkit")
+    x = C.tokens(9, cfg.hidden_size, "cpu", SEED)
+    with torch.no_grad():
+        idx, w, _ = C.route(blk, x)
+        y0 = ex(x, idx, w)
+        y1 = ex(x, idx, w)
+        assert ref_backend.calls.count("quantize_weights") == 2, "the weights were quantized again"
+        assert torch.equal(y0, y1)
+        ex.down_proj.mul_(2)  # in place: the version counter moves
+        y2 = ex(x, idx, w)
+        assert ref_backend.calls.count("quantize_weights") == 4
+        assert C.rel_frob(y2, 2 * y0) < 1e-2, "the in-place change was not seen"
+        ex.down_proj = torch.nn.Parameter(ex.down_proj.detach() / 2, requires_grad=False)  # replaced
+        y3 = ex(x, idx, w)
+        assert ref_backend.calls.count("quantize_weights") == 6 and torch.equal(y3, y0)
+        ex.down_proj.data.mul_(2)  # .data: a fresh version counter, by design not seen ...
+        assert torch.equal(ex(x, idx, w), y0)
+        assert et.invalidate(blk.block) == 1  # ... until invalidate()
+        assert C.rel_frob(ex(x, idx, w), 2 * y0) < 1e-2
+
+
+def test_fp8_checkpoint_used_as_is_cpu(ref_backend):
+    """transformers' FP8Experts (fine-grained FP8 loading: e4m3 weights + 128x128 weight_scale_inv,
+    fp32 or UE8M0) runs on its own tensors, not re-quantized: same codes, same output as the bf16
+    block holding their dequantised values."""
+    from transformers.integrations.finegrained_fp8 import ALL_FP8_EXPERTS_FUNCTIONS, FP8Experts
+    from transformers.integrations.moe import use_experts_implementation
+    family = "deepseek_v3"
+    cfg = C.hf_config(family, small=True)
+    blk = C.make_block(family, cfg, "cpu", SEED)
+    cls = use_experts_implementation(FP8Experts, experts_interface=ALL_FP8_EXPERTS_FUNCTIONS)
+    fp8 = cls(cfg, block_size=(128, 128)).eval()
+    with torch.no_grad():
+        fp8.gate_up_proj.copy_(blk.w13.q)
+        fp8.gate_up_proj_scale_inv.copy_(blk.w13.scale_inv)
+        fp8.down_proj.copy_(blk.w2.q)
+        fp8.down_proj_scale_inv.copy_(blk.w2.scale_inv)
+    cfg._experts_implementation = "epkit"
+    x = C.tokens(20, cfg.hidden_size, "cpu", SEED)
+    with torch.no_grad():
+        idx, w, _ = C.route(blk, x)
+        C.set_impl(blk, "epkit")
+        want = blk.block.experts(x, idx, w)
+        calls = len(ref_backend.calls)
+        got = fp8(x, idx, w)
+        assert "quantize_weights" not in ref_backend.calls[calls:]
+        c = fp8.__dict__[et._CACHE_ATTR]
+        assert not c.quantized_here and c.w13.data_ptr() == fp8.gate_up_proj.data_ptr()
+        assert torch.equal(got, want)
+        if hasattr(torch, "float8_e8m0fnu"):  # UE8M0 scales (powers of two here: exact)
+            fp8.gate_up_proj_scale_inv = torch.nn.Parameter(blk.w13.scale_inv.to(torch.float8_e8m0fnu),
+                                                            requires_grad=False)
+            assert torch.equal(fp8(x, idx, w), want)
+    fp8.block_size = (1, 128)
+    with pytest.raises(et.UnsupportedError, match="block_size=.1, 128."):
+        et.check_experts(fp8)
+
+
+def test_torch_compile_fullgraph_cpu(ref_backend):
+    """The whole experts forward traces with fullgraph=True (no graph break) through epkit's ops, and
+    computes what the eager call does; without a prepared cache, compiling says what to do."""
+    family = "deepseek_v3"
+    cfg = C.hf_config(family, small=True)
+    blk = C.make_block(family, cfg, "cpu", SEED)
+    C.set_impl(blk, "epkit")
+    x = C.tokens(12, cfg.hidden_size, "cpu", SEED)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        idx, w, _ = C.route(blk, x)
+        want = blk.block.experts(x, idx, w)  # eager: builds the cache
+        f = torch.compile(blk.block.experts, fullgraph=True, backend="aot_eager")
+        got = f(x, idx, w)
+        assert torch.equal(got, want)
+        # The compiled whole block (router + experts + shared expert), too.
+        fb = torch.compile(blk.block, fullgraph=True, backend="aot_eager")
+        assert torch.equal(fb(x[None]), blk.block(x[None]))
+        et.invalidate(blk.block)
+        torch._dynamo.reset()
+        with pytest.raises(Exception, match="prepare"):
+            torch.compile(blk.block.experts, fullgraph=True, backend="aot_eager")(x, idx, w)
+        assert et.prepare(blk.block) == ["experts"]
+        assert torch.equal(torch.compile(blk.block.experts, fullgraph=True, backend="aot_eager")(x, idx, w), want)
+    torch._dynamo.reset()
+
+
+def test_bucketing():
+    """Packed row counts round up by at most 1/8, to at most 16 values per octave."""
+    seen = set()
+    for n in range(1, 5000):
+        r = et._bucket_rows(n)
+        assert n <= r <= max(n + n // 8, 16), (n, r)
+        seen.add(r)
+    assert len([r for r in seen if 2048 <= r < 4096]) <= 8
+    assert et._expected_rows(1, 8, 256) == 1 and et._expected_rows(1024, 8, 256) > 32
