@@ -119,20 +119,33 @@ def exact_fp8(w: torch.Tensor, quantize_weights) -> Fp8:
     return Fp8(q, s.float(), deq)
 
 
-def random_exact_fp8(shape, std: float, g: torch.Generator, device, quantize_weights, chunk: int = 8) -> Fp8:
-    """exact_fp8 of N(0, std^2) weights of `shape` ([E, N, K] made `chunk` experts at a time, so
-    that the temporaries stay small at DeepSeek-V3's sizes)."""
+def random_exact_fp8(shape, std: float, g: torch.Generator, device, quantize_weights, chunk: int = 8,
+                     out: Optional[torch.Tensor] = None) -> Fp8:
+    """exact_fp8 of N(0, std^2) weights of `shape`, [E, N, K] made `chunk` experts at a time (small
+    temporaries at DeepSeek-V3's sizes). With `out` (a bf16 tensor of `shape`, e.g. the block's
+    parameter), the dequantised weights are written there and Fp8.deq is `out` (no second copy)."""
     if len(shape) == 2:
-        return exact_fp8(torch.randn(*shape, generator=g, device=device) * std, quantize_weights)
+        f = exact_fp8(torch.randn(*shape, generator=g, device=device) * std, quantize_weights)
+        if out is None:
+            return f
+        out.copy_(f.deq)
+        return Fp8(f.q, f.scale_inv, out)
     E, N, K = shape
     q = torch.empty(E, N, K, dtype=FP8, device=device)
     s = torch.empty(E, N // 128, K // 128, dtype=torch.float32, device=device)
-    deq = torch.empty(E, N, K, dtype=torch.bfloat16, device=device)
+    deq = torch.empty(E, N, K, dtype=torch.bfloat16, device=device) if out is None else out
     for e0 in range(0, E, chunk):
         e1 = min(E, e0 + chunk)
         part = exact_fp8(torch.randn(e1 - e0, N, K, generator=g, device=device) * std, quantize_weights)
         q[e0:e1], s[e0:e1], deq[e0:e1] = part.q, part.scale_inv, part.deq
+        del part
     return Fp8(q, s, deq)
+
+
+def dequant(f: Fp8, e: int) -> torch.Tensor:
+    """Expert e's exact bf16 weights from its codes and scales (to restore a poisoned expert:
+    Fp8.deq may be the block's own parameter)."""
+    return (f.q[e].float() * f.scale_inv[e].repeat_interleave(128, -2).repeat_interleave(128, -1)).to(torch.bfloat16)
 
 
 def ref_quantize_weights(w, ue8m0=False):
@@ -169,22 +182,20 @@ def make_block(family: str, cfg, device, seed: int, quantize_weights=ref_quantiz
     def randn(*shape, std):
         return torch.randn(*shape, generator=g, device=device) * std
 
-    w13 = random_exact_fp8((E, two_i, H), 1 / math.sqrt(H), g, device, quantize_weights)
-    w2 = random_exact_fp8((E, H, inter), 1 / math.sqrt(inter), g, device, quantize_weights)
     shared13 = shared2 = None
     with torch.no_grad():
-        ex.gate_up_proj.copy_(w13.deq)
-        ex.down_proj.copy_(w2.deq)
+        w13 = random_exact_fp8((E, two_i, H), 1 / math.sqrt(H), g, device, quantize_weights, out=ex.gate_up_proj.data)
+        w2 = random_exact_fp8((E, H, inter), 1 / math.sqrt(inter), g, device, quantize_weights, out=ex.down_proj.data)
         block.gate.weight.copy_(randn(E, H, std=1.5 / math.sqrt(H)))
         if family == "deepseek_v3":
             block.gate.e_score_correction_bias = (randn(E, std=0.05)).float()
             sh = block.shared_experts
             Is = sh.intermediate_size
             shared13 = random_exact_fp8((2 * Is, H), 1 / math.sqrt(H), g, device, quantize_weights)
-            shared2 = random_exact_fp8((H, Is), 1 / math.sqrt(Is), g, device, quantize_weights)
+            shared2 = random_exact_fp8((H, Is), 1 / math.sqrt(Is), g, device, quantize_weights,
+                                       out=sh.down_proj.weight.data)
             sh.gate_proj.weight.copy_(shared13.deq[:Is])
             sh.up_proj.weight.copy_(shared13.deq[Is:])
-            sh.down_proj.weight.copy_(shared2.deq)
     return Block(block, cfg, w13, w2, shared13, shared2)
 
 
@@ -363,6 +374,7 @@ class RefBackend:
         if RefBackend._ops is None:
             RefBackend._ops = _define_ref_ops()
         self.calls = []
+        self.gemm_rows = []  # rows each eager grouped_gemm call computed (the sum of its counts)
 
     def quantize(self, x):
         self.calls.append("quantize")
@@ -380,6 +392,8 @@ class RefBackend:
     def grouped_gemm(self, a, a_scale, b, b_scale, counts, offsets, out=None, *, expected_m=0):
         self.calls.append("grouped_gemm")
         assert expected_m >= 1
+        if not torch.compiler.is_compiling():
+            self.gemm_rows.append(int(counts.sum()))
         d = torch.empty(a.shape[0], b.shape[1], dtype=torch.bfloat16, device=a.device) if out is None else out
         self._ops.grouped_gemm(a, a_scale, b, b_scale, d, counts, offsets)
         return d
