@@ -32,20 +32,23 @@ def import_epkit_transformers():
     """(epkit.transformers, have_extension). Where the compiled extension is missing (a machine
     without the CUDA build) `import epkit` fails; the pure-Python module is then loaded from the
     source tree as `_epkit_src.transformers` (a package without epkit/__init__.py), which is enough
-    for registration and the config mapping. sys.modules["epkit"] is left alone."""
+    for registration and the config mapping. sys.modules["epkit"] is left alone. An importable
+    epkit whose folder lacks transformers.py (a build tree configured before the file existed: CMake
+    links the .py files at configure time) gets this source folder on its __path__."""
+    import importlib
     try:
-        import epkit  # noqa: F401
-        import epkit.transformers as et
-        return et, True
+        import epkit
     except ImportError as e:
-        if "transformers" in str(e) and "epkit" in str(e):
-            raise
         note = f"{type(e).__name__}: {e}"
+    else:
+        if not any((Path(p) / "transformers.py").exists() for p in epkit.__path__):
+            epkit.__path__.append(str(SRC))
+            print(f"note: {epkit.__path__[0]} has no transformers.py (re-run CMake); using {SRC}", file=sys.stderr)
+        return importlib.import_module("epkit.transformers"), True
     if "_epkit_src" not in sys.modules:
         pkg = types.ModuleType("_epkit_src")
         pkg.__path__ = [str(SRC)]
         sys.modules["_epkit_src"] = pkg
-    import importlib
     et = importlib.import_module("_epkit_src.transformers")
     et._loaded_without_extension = note
     return et, False

@@ -27,7 +27,6 @@ O(10%) to O(100%).
 """
 
 import importlib
-import math
 import sys
 
 import pytest
@@ -592,8 +591,8 @@ def test_unpicked_expert_and_sentinels_gpu(blocks):
         assert torch.isfinite(got).all(), "NaN from the unpicked expert or a sentinel"
         q13 = C.Fp8(blk.w13.q.clone(), blk.w13.scale_inv, None)
         q13.q[5].zero_()  # the emulation reads no NaN code either
-        _check_experts_output(got, x, torch.where(keep, idx, -1), w, C.Block(blk.block, blk.cfg, q13, blk.w2, None, None),
-                              want, "unpicked expert + sentinels")
+        blk13 = C.Block(blk.block, blk.cfg, q13, blk.w2, None, None)
+        _check_experts_output(got, x, torch.where(keep, idx, -1), w, blk13, want, "unpicked expert + sentinels")
     finally:
         with torch.no_grad():
             ex.gate_up_proj[5] = C.dequant(blk.w13, 5)
