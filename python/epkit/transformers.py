@@ -268,7 +268,11 @@ def _key(module) -> tuple:
     for name in ("gate_up_proj", "down_proj", "gate_up_proj_scale_inv", "down_proj_scale_inv"):
         t = getattr(module, name, None)
         if isinstance(t, torch.Tensor):
-            ts.append((name, id(t), t.data_ptr(), t._version, t.device, t.dtype, tuple(t.shape)))
+            try:
+                version = t._version
+            except RuntimeError:  # an inference tensor (made under torch.inference_mode) has no version counter
+                version = None
+            ts.append((name, id(t), t.data_ptr(), version, t.device, t.dtype, tuple(t.shape)))
     return attrs + tuple(ts)
 
 

@@ -380,6 +380,21 @@ def test_weight_cache_cpu(ref_backend):
         assert C.rel_frob(ex(x, idx, w), 2 * y0) < 1e-2
 
 
+def test_inference_mode_cpu(ref_backend):
+    """Under torch.inference_mode (weights made there have no version counter), then outside it."""
+    family = "qwen3_moe"
+    cfg = C.hf_config(family, small=True)
+    with torch.inference_mode():
+        blk = C.make_block(family, cfg, "cpu", SEED)
+        C.set_impl(blk, "epkit")
+        x = C.tokens(6, cfg.hidden_size, "cpu", SEED)
+        idx, w, _ = C.route(blk, x)
+        a = blk.block.experts(x, idx, w)
+    with torch.no_grad():
+        b = blk.block.experts(x.clone(), idx.clone(), w.clone())
+    assert torch.equal(a, b) and ref_backend.calls.count("quantize_weights") == 2
+
+
 def test_fp8_checkpoint_used_as_is_cpu(ref_backend):
     """transformers' FP8Experts (fine-grained FP8 loading: e4m3 weights + 128x128 weight_scale_inv,
     fp32 or UE8M0) runs on its own tensors, not re-quantized: same codes, same output as the bf16
