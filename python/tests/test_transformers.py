@@ -739,7 +739,8 @@ def _patch_case(blk, family, new, T, seed, tag):
     same = C.same_sets(idx_e, idx_t)
     assert bool((same | tie).all()), _tag(f"{tag}: {int((~same & ~tie).sum())} of {T} tokens routed differently "
                                           f"away from near-ties")
-    assert int(same.sum()) >= 0.9 * T, _tag(f"{tag}: only {int(same.sum())} of {T} tokens routed alike")
+    if T >= 20:  # near-ties are rare: most tokens must be comparable
+        assert int(same.sum()) >= 0.9 * T, _tag(f"{tag}: only {int(same.sum())} of {T} tokens routed alike")
     # Router weights, matched by expert. DeepSeek-V3: both fp32 from the same products (1e-4).
     # Softmax: transformers' logits are bf16 (each within 2^-9 |l|), and a weight's relative error
     # is that of its own logit minus the weighted mean of the others': within 2^-8 max|l| (Qwen3-MoE
@@ -756,6 +757,8 @@ def _patch_case(blk, family, new, T, seed, tag):
     assert C.rel_frob(got, emul) <= TIGHT_FROB, _tag(f"{tag}: vs emulation {C.rel_frob(got, emul):.3g}")
     assert float(C.row_rel(got, emul).max()) <= TIGHT_ROW, _tag(f"{tag}: a row vs emulation")
     # Against the transformers block (same weights), on the tokens routed alike.
+    if not same.any():
+        return
     eps = C.rel_frob(emul[same], want[same])
     assert 0.002 < eps < 2 * 2.0 ** -4, _tag(f"{tag}: FP8 emulation vs block {eps:.3g}")
     err = C.rel_frob(got[same], want[same])
