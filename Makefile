@@ -39,12 +39,21 @@ test-gpu: build
 	cd $(BUILD) && ctest -L gpu --output-on-failure
 
 # The main job: the dispatch/combine benchmark, one rank per local GPU. With one GPU that is world
-# size 1, which crosses no link (local permutation only); the table's NOTE line says so.
+# size 1, which crosses no link (local permutation only); the table's NOTE line says so. Then, where
+# transformers imports, one MoE block of each family against transformers' experts implementations
+# on GPU 0 (tools/epkit-moe/transformers_bench.py; TF_BENCH_ARGS="--quick" for a shorter run,
+# "--json FILE" to keep it).
+TF_BENCH_ARGS ?=
 bench: build
 	@if [ "$(NGPUS)" = "0" ] || [ -z "$(NGPUS)" ]; then \
 	  echo "make bench: no GPU on this machine; nothing to benchmark (build is ready in $(BUILD)/)."; \
 	else \
-	  NVSHMEM_DISABLE_NVLS=1 NCCL_NVLS_ENABLE=0 $(BUILD)/bin/epkit-run -n $(NRANKS) -- $(BUILD)/bin/epkit-bench $(BENCH_ARGS); \
+	  NVSHMEM_DISABLE_NVLS=1 NCCL_NVLS_ENABLE=0 $(BUILD)/bin/epkit-run -n $(NRANKS) -- $(BUILD)/bin/epkit-bench $(BENCH_ARGS) && \
+	  if PYTHONPATH=$(BUILD)/python python3 -c "import torch, transformers, epkit.transformers" >/dev/null 2>&1; then \
+	    PYTHONPATH=$(BUILD)/python python3 tools/epkit-moe/transformers_bench.py $(TF_BENCH_ARGS); \
+	  else \
+	    echo "make bench: skipped the MoE block against Hugging Face transformers (needs torch, transformers >= 5.17 and the Python extension: pip install '.[transformers]')"; \
+	  fi; \
 	fi
 
 clean:
