@@ -1,12 +1,18 @@
 # Locates the CUTLASS headers (the grouped GEMM of src/moe/ is built on them) and defines the
 # interface target epkit::cutlass. Search order: 1. CUTLASS_HOME (CMake or env; a CUTLASS source
-# tree or the `source` folder of the nvidia-cutlass wheel), 2. the pinned install made by
+# tree or the `source` folder of the nvidia-cutlass wheel), 2. the cutlass_library package of the
+# python3 on PATH (the pinned wheel, e.g. in pip's build environment), 3. the pinned install made by
 # scripts/setup-deps.sh (.deps/cutlass). Headers only: nothing is linked.
 if(TARGET epkit::cutlass)
   return()
 endif()
 include(${CMAKE_CURRENT_LIST_DIR}/DepCandidates.cmake)
-epkit_dep_candidates(_cutlass_candidates CUTLASS_HOME)
+epkit_dep_candidates(_cutlass_found CUTLASS_HOME cutlass_library)
+# The nvidia-cutlass wheel keeps the headers under cutlass_library/source.
+set(_cutlass_candidates "")
+foreach(_c IN LISTS _cutlass_found)
+  list(APPEND _cutlass_candidates "${_c}" "${_c}/source")
+endforeach()
 list(APPEND _cutlass_candidates "${PROJECT_SOURCE_DIR}/.deps/cutlass")
 set(EPKIT_CUTLASS_ROOT "")
 foreach(_c IN LISTS _cutlass_candidates)

@@ -60,7 +60,7 @@ ExpertLayout = _C.ExpertLayout
 RouterMode = _C.RouterMode
 MoESchedule = _C.MoESchedule
 
-__version__ = "0.1.0"
+__version__ = _C.__version__  # VERSION, stamped into the extension at build time
 
 __all__ = [
     "AllToAll",
