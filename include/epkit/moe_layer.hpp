@@ -24,7 +24,8 @@
 
 namespace epkit {
 
-// How the layer orders its kernels (seed 001's overlap study).
+// How the layer orders its kernels (the overlap schedules of the DeepSeek-V3 deployment study,
+// docs/MOE.md).
 enum class MoESchedule : int32_t {
   kNone = 0,             // route, dispatch, experts, combine; the shared expert beside them (shared_concurrent)
   kDispatchOverlap = 1,  // the shared expert between dispatch_send and dispatch_recv

@@ -63,11 +63,11 @@ def _promote_cxx_runtime():
     """Puts the process's C++ runtime (already loaded by torch) in the global symbol scope before
     the extension loads. Python loads extensions RTLD_LOCAL; without this, symbols the extension
     takes from libstdc++ (stream inserters, locale facets) bind to a same-named definition in a
-    library earlier in its own search order. On the GPU box libepkit.so carries and exports its
-    own copy of libstdc++ (its toolchain links one in), and the first error message with a number
-    in it crashed inside that copy's std::ostream (python/README.md, status). libepkit.so now
-    links with --exclude-libs for the C++ runtime (on the box `nm -D` counts 963 exported std
-    symbols before and 30 after); this stays for libraries built by other toolchains."""
+    library earlier in its own search order. A library built by a toolchain that links libstdc++
+    statically exports that copy, and the first error message with a number in it crashed inside
+    its uninitialised std::ostream. epkit's libraries link with --exclude-libs for the C++ runtime
+    (963 exported std symbols before, 30 after, on such a toolchain); this stays for libraries
+    built by other toolchains."""
     for name in ("libstdc++.so.6", "libgcc_s.so.1"):
         try:
             ctypes.CDLL(name, mode=ctypes.RTLD_GLOBAL)

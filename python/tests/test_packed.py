@@ -1,4 +1,4 @@
-"""The expert-packed dispatch layout through the idiomatic API (issue 18): host-side config checks, and
+"""The expert-packed dispatch layout through the idiomatic API (docs/ARCHITECTURE.md, "Expert-major layouts"): host-side config checks, and
 GPU runs at W = 1 and 2 (ranks share GPUs as rank % device_count) in both alignments, fused, split,
 with m on the device, and inside a CUDA graph replayed for changing m.
 

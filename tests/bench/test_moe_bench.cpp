@@ -86,13 +86,13 @@ TEST(MoeBenchJson, RowsCeilingsAndMergeKeepsOtherSystems) {
   EXPECT_EQ(rows[0].at("system").as_string(), "torch");
   EXPECT_EQ(rows[1].at("kernel").as_string(), "grouped_gemm");
   for (const char* k : {"kernel", "system", "G", "m", "N", "K", "us_median", "pct_of_ceiling"})
-    EXPECT_NE(rows[1].find(k), nullptr) << k;  // the fields issue #13 names
+    EXPECT_NE(rows[1].find(k), nullptr) << k;  // the fields docs/BENCH.md documents
   LayerRow l;
   l.schedule = "none", l.layout = "masked", l.experts = 256, l.batch = 1, l.query_len = 2, l.tokens = 2;
   l.us_median = 285, l.graph_us_median = 263, l.steps = {{"gate", 6.8}};
   const plan::Json j = layer_row_json(l);
   for (const char* k : {"schedule", "world_size", "experts", "batch", "query_len", "us_median", "graph_us_median"})
-    EXPECT_NE(j.find(k), nullptr) << k;  // the fields issue #14 names
+    EXPECT_NE(j.find(k), nullptr) << k;  // the fields docs/BENCH.md documents
   EXPECT_EQ(j.at("breakdown").as_array().size(), 1u);
 }
 

@@ -4,7 +4,7 @@
 nvcc 13.0 compiled a copy of an object built from a __grid_constant__ parameter into loads from the
 parameter at the copy's own field offsets (grid_constant_copy.cu). On the GPU that reads unrelated
 fields; here, without a GPU, it shows as an 8-byte load from a parameter struct at an offset where
-the struct has no 8-byte field (the miscompile that broke the one-warp dispatch in session 16 read
+the struct has no 8-byte field (the miscompile that once broke the one-warp dispatch read
 CommParams' int pair max_tokens | weights_at_dispatch as a 64-bit multiplier).
 
 For every kernel (.entry) of the given PTX files whose parameters are CommParams and DispatchIO or

@@ -5,7 +5,7 @@
 // PieceUnits), where it only showed with one order of CommParams' fields. Without
 // __grid_constant__, or with the object passed by reference instead of copied, the code is right.
 //
-//   bash tools/nvcc-bugs/check.sh        (no GPU needed: looks at the PTX)
+//   bash tests/compiler/nvcc_has_the_bug.sh        (no GPU needed: looks at the PTX)
 //   nvcc -O3 -arch=sm_90a -std=c++17 grid_constant_copy.cu -o gcc && ./gcc   (on a GPU: runs it)
 #include <cstdint>
 #include <cstdio>

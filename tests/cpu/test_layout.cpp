@@ -107,7 +107,7 @@ TEST(Layout, SymmetricRegionsAreAlignedDisjointAndInside) {
 }
 
 TEST(Layout, DecodeEp8SymmetricMemoryIsUnder64MB) {
-  // Issue #3's memory target: decode config at EP8 takes at most 64 MB of symmetric memory per rank.
+  // The memory target: decode config at EP8 takes at most 64 MB of symmetric memory per rank.
   const SymmetricLayout s = SymmetricLayout::make(decode_ep(8));
   EXPECT_LE(s.total_bytes, 64u << 20);
   EXPECT_GT(s.total_bytes, 8u * 128 * 7472);  // at least the dispatch receive buffer
@@ -165,7 +165,7 @@ TEST(Layout, PackedRowBoundByHand) {
 }
 
 TEST(Layout, PackedPrefillEp8TakesAQuarterOfTheMaskedBytes) {
-  // Issue 18's target: per-rank bytes of expert_x + expert_y + scales, packed no-overflow bound
+  // The packed layout's point: per-rank bytes of expert_x + expert_y + scales, packed no-overflow bound
   // against the capacity layout, at the EP8 prefill config. Top-8 over 32 local experts: exactly 1/4.
   const ExpertTensorBytes masked = ExpertTensorBytes::make(prefill_ep8());
   const ExpertTensorBytes pk = ExpertTensorBytes::make(packed(prefill_ep8()));

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs test_fault under epkit-run and checks what issue #6 asks of a fault:
+# Runs test_fault under epkit-run and checks what the library promises on a fault (docs/RELIABILITY.md):
 #   - the launcher returns non-zero and says which rank failed;
 #   - every surviving rank reports a timeout that names the faulty rank (the last one),
 #     within timeout + 5 s of the faulty iteration;

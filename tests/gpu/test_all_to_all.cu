@@ -441,7 +441,7 @@ TEST(AllToAll, OverflowIsReportedNotWritten) {
       auto groups = make_inputs(cfg, Routing::kUniform, it < 2 ? M - it : M / 2, case_seed(96000 + it));
       // Experts 0, 1 and 2 (all on rank 0: L = 4) get every token: rank 0 overflows at every m here.
       // With expert 0 alone, m = M / 2 = 8 tokens of the packed layout could fit its 16 rows
-      // (8 + 4 + 4) for some seeds (a failure seen in session 17, decided by the reference before
+      // (8 + 4 + 4) for some seeds (a failure seen once, decided by the reference before
       // any kernel ran). A missing one replaces an entry of an expert >= 3, so that a token's
       // experts stay distinct (K = 4: there is one whenever one of 0, 1, 2 is missing).
       for (auto& g : groups)

@@ -1,4 +1,4 @@
-// Fault injection (issue #6): the last rank dies (--mode kill) or silently skips a call
+// Fault injection (docs/RELIABILITY.md): the last rank dies (--mode kill) or silently skips a call
 // (--mode skip) in iteration 5. Every other rank must get an epkit::Error naming that rank within
 // the timeout, return from main normally (no hang in teardown) and exit 3. tests/gpu/fault_test.sh
 // runs this under epkit-run and checks exit codes, messages, timing and leftover processes.

@@ -1,4 +1,4 @@
-// Reliability suite (issue #6): bad input gets a clear error and leaves the object usable; device-
+// Reliability suite (docs/RELIABILITY.md): bad input gets a clear error and leaves the object usable; device-
 // side errors are reported, never written past a buffer; a long randomized stress run matches the
 // reference on every iteration.
 //   test_reliability [--stress N] [gtest flags]      (run under epkit-run)

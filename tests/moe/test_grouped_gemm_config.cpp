@@ -63,7 +63,7 @@ bool is_available(const GemmConfig& c) {
   return false;
 }
 
-// Every shape of the MoE benchmark grid (issue 13) gets a compiled config; decode sizes get swap-AB
+// Every shape of the MoE benchmark grid (epkit-moe kernels) gets a compiled config; decode sizes get swap-AB
 // with a token tile that covers the group, large m the cooperative 128 x 128 tile.
 TEST(GroupedGemmConfig, BenchmarkGridMapsToCompiledConfigs) {
   const std::pair<int, int> nk[] = {{4096, 7168}, {7168, 2048}};

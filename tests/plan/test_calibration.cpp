@@ -46,7 +46,7 @@ TEST(PlanCalibration, KeepsOnlyTheChosenSystemAndModel) {
 TEST(PlanCalibration, MeasuredTermsReplaceModelledOnes) {
   const ModelSpec m = load_model("deepseek-v3");
   const GpuSpec g = load_gpu("h100");
-  // Seed 001's measured EP128 numbers at batch 128, query 2: 256 tokens per rank.
+  // The deployment study's measured EP128 numbers at batch 128, query 2: 256 tokens per rank.
   const Calibration cal = calibration_from_json(bench(row("epkit", 128, 256, 593, 1012)), m);
   const PlanPoint p = estimate(m, g, ep128(128, Schedule::kNoOverlap), {}, &cal);
   EXPECT_NEAR(category(p, "dispatch"), 593, 1e-6);  // no overlap: the whole measured time is exposed

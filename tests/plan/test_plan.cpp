@@ -1,4 +1,4 @@
-// The model's pieces and the must-reproduce numbers of seed 001 (memory, routing, roofline, MTP).
+// The model's pieces and the must-reproduce numbers of the deployment study (memory, routing, roofline, MTP).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -85,9 +85,9 @@ TEST(PlanMemory, About100RequestsOf5000TokensAndBatch128DoesNotFit) {
   EXPECT_FALSE(p.fits);
   EXPECT_NE(p.infeasible_reason.find("128"), std::string::npos);
   EXPECT_TRUE(estimate(m, g, cfg(8, 1, 64)).fits);
-  // EP8 does not fit on 80 GB H100s at all (seed 001: the model exceeds 8 x 80 GB).
+  // EP8 does not fit on 80 GB H100s at all (the deployment study: the model exceeds 8 x 80 GB).
   EXPECT_EQ(max_batch_per_gpu(m, load_gpu("h100"), cfg(8, 1, 1)), 0);
-  // EP128 on H100 holds batch 128 (seed 001 measured it).
+  // EP128 on H100 holds batch 128 (the deployment study measured it).
   EXPECT_TRUE(estimate(m, load_gpu("h100"), cfg(128, 1, 128)).fits);
 }
 
@@ -101,7 +101,7 @@ TEST(PlanRouting, TokensPerExpertIs1024AtEp128Batch128QueryLen2) {
 
 TEST(PlanRouting, DistinctExpertsNotOnlyTheMean) {
   const ModelSpec m = load_model("deepseek-v3");
-  // Seed 001: EP8 TP8 batch 1 -> 2 tokens -> at most 16 experts in the system, about 2 per GPU.
+  // The deployment study: EP8 TP8 batch 1 -> 2 tokens -> at most 16 experts in the system, about 2 per GPU.
   const RoutingStats r = routing_stats(m, cfg(8, 8, 1), 1);
   const double expected_total = 256 * (1 - std::pow(1 - 8.0 / 256, 2));
   EXPECT_NEAR(r.active_experts_per_gpu * 8, expected_total, 1e-9);
@@ -125,14 +125,14 @@ TEST(PlanRoofline, MaxOfComputeAndMemoryPlusLaunch) {
 TEST(PlanRoofline, GemmAndGroupGemmFollowTheSeedFormulas) {
   const GpuSpec g = load_gpu("h100");
   Efficiency e;
-  // With one byte per element the byte count is seed 001's m*k + n*k + m*n.
+  // With one byte per element the byte count is the deployment study's m*k + n*k + m*n.
   KernelCost k = gemm_cost("x", KernelClass::kGemm, 64, 7168, 2048, 1, 1, 1, g, e);
   EXPECT_DOUBLE_EQ(k.flop, 2.0 * 64 * 7168 * 2048);
   EXPECT_DOUBLE_EQ(k.bytes, 64.0 * 7168 + 2048.0 * 7168 + 64.0 * 2048);
   KernelCost gg = group_gemm_cost("y", 2, 2 * 1024, 7168, 4096, 1, 1, 1, g, e);
   EXPECT_DOUBLE_EQ(gg.flop, 2.0 * 2 * 1024 * 7168 * 4096);
   EXPECT_DOUBLE_EQ(gg.bytes, 2.0 * (1024.0 * 7168 + 4096.0 * 7168 + 1024.0 * 4096));
-  // Larger m -> higher arithmetic intensity (seed 001, "GroupGEMM").
+  // Larger m -> higher arithmetic intensity (the deployment study, "GroupGEMM").
   EXPECT_GT(group_gemm_cost("y", 2, 2 * 1024, 7168, 4096, 1, 1, 2, g, e).intensity(),
             group_gemm_cost("y", 32, 32 * 64, 7168, 4096, 1, 1, 2, g, e).intensity());
 }

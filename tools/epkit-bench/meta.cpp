@@ -48,7 +48,7 @@ std::string env_or(const char* name, const char* fallback) {
 }  // namespace
 
 std::string git_commit() {
-  // A copy of the tree without git history (as on a lent GPU machine) can be told its commit.
+  // A copy of the tree without git history (a copy on a remote GPU machine) can be told its commit.
   if (const char* c = std::getenv("EPKIT_COMMIT"); c && *c) return c;
   const std::string cmd = std::string("git -C '") + EPKIT_BENCH_SOURCE_DIR + "' rev-parse HEAD 2>/dev/null";
   if (FILE* p = popen(cmd.c_str(), "r")) {

@@ -197,7 +197,7 @@ Row run_epkit(const Communicator& comm, const Case& c, const GroupRouting& mine,
     if (opt.profile_graph) {
       // One replay as the timed ones ran (caches as the previous replay left them), the only work
       // inside the profiler's range: the probes' host-gated kernels hang under ncu's replay, and
-      // counting launches to skip them broke whenever the setup's launches changed (session 40).
+      // counting launches to skip them broke whenever the setup's launches changed.
       cuda_check(cudaProfilerStart(), "cudaProfilerStart");
       cuda_check(cudaGraphLaunch(g.exec, stream), "cudaGraphLaunch");
       finish();

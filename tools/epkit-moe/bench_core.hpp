@@ -1,4 +1,4 @@
-// The CPU side of epkit-moe: options, the shape grids of issue #13 / #14, result rows and their
+// The CPU side of epkit-moe: options, the shape grids of the kernel and layer modes, result rows and their
 // JSON. Tested on the CPU (tests/bench/test_moe_bench.cpp); the GPU parts fill the rows.
 #pragma once
 
@@ -29,7 +29,7 @@ struct Row {
 };
 
 // Fills GBps / weight_GBps / TFLOPs / pct_of_ceiling / bound from the times and the ceilings.
-// For a GEMM row the bandwidth term is taken on weight bytes (issue #13: "GB/s on weight bytes"),
+// For a GEMM row the bandwidth term is taken on weight bytes ("GB/s on weight bytes", docs/PERF.md),
 // other rows on all the bytes they must move.
 void finish_row(Row& r, double hbm_GBps, double fp8_TFLOPs);
 
@@ -60,7 +60,7 @@ struct GemmShape {
 inline constexpr GemmShape kDeepSeekUpGate{"up_gate", 4096, 7168};
 inline constexpr GemmShape kDeepSeekDown{"down", 7168, 2048};
 
-// One measured MoE layer (issue #14): a schedule at one batch and query length.
+// One measured MoE layer: a schedule at one batch and query length.
 struct LayerStep {
   std::string name;   // MoELayer::steps(): "gate", "router", "quantize", "dispatch", "combine", "gemm_w13", ...
   double us_median = 0;

@@ -35,7 +35,7 @@ class L2Flush {
   size_t l2_ = 0;
 };
 
-// The timing method of every kernel and every system (issue #13): `calls` back-to-back calls
+// The timing method of every kernel and every system (docs/PERF.md, "Method"): `calls` back-to-back calls
 // captured in one CUDA graph, replayed `replays` times with the L2 flushed before each replay (not
 // timed), each replay timed with CUDA events and divided by `calls`. call(i, stream) issues call i;
 // it should use input set i % sets so that no call reads what the previous one left in L2.

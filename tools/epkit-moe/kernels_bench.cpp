@@ -162,7 +162,7 @@ struct GemmOperands {
     x.expert_num_tokens = Tensor(const_cast<int32_t*>(counts), DType::kInt32, {G});
     return x;
   }
-  // The same memory as the expert-packed layout (issue #18): R = G * rows rows, group g's rows from
+  // The same memory as the expert-packed layout: R = G * rows rows, group g's rows from
   // offsets[g] (device [G + 1]).
   moe::GroupedGemmArgs packed_args(int set, const int32_t* counts, const int32_t* offsets) const {
     moe::GroupedGemmArgs x = args(set, counts);
@@ -225,7 +225,7 @@ std::vector<Row> bench_grouped_gemm(const Options& o, const Ceilings& c, const L
           r.note = moe::to_string(gemm->config());
           rows.push_back(timed(r, c, f, s, [&](int i, cudaStream_t st) { gemm->run(ops.args(i % sets, even), st); }));
         }
-        // The expert-packed layout over the same operands and counts (issue #18: within 5% of the
+        // The expert-packed layout over the same operands and counts (the packed layout's promise: within 5% of the
         // masked layout): the groups' rows back to back, offsets g * m, the same heuristic choice.
         if (!o.sweep_configs && m >= 16) {
           Buffer off((G + 1) * 4);
@@ -244,7 +244,7 @@ std::vector<Row> bench_grouped_gemm(const Options& o, const Ceilings& c, const L
             gemm.run(ops.packed_args(i % sets, even, off.as<int32_t>()), st);
           }));
         }
-        // Uneven counts with the same total of real rows (G * m) as the even case (issue #13: within
+        // Uneven counts with the same total of real rows (G * m) as the even case (within
         // 10% of it): a quarter of the groups empty, the others alternating about 2m/3 and 2m rows,
         // over operands with capacity 2m.
         if (!o.sweep_configs && G >= 4 && m >= 3) {

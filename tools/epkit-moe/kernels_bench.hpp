@@ -1,4 +1,4 @@
-// Kernel mode of epkit-moe (issue #13): every MoE kernel on the shapes of DeepSeek-V3, timed with
+// Kernel mode of epkit-moe: every MoE kernel on the shapes of DeepSeek-V3, timed with
 // time_graph() against the ceilings of the same run.
 #pragma once
 

@@ -232,7 +232,7 @@ std::vector<Row> bench_layer(const Options& o, const Ceilings& c, const L2Flush&
         }
       }
       // One graph for every m through the device count: captured at the largest bucket (M rows),
-      // replayed with m set on the device (issue #14: one graph per bucket, or one for all sizes).
+      // replayed with m set on the device (one graph per bucket, or one for all sizes).
       if (v.layout == def && v.concurrent) {
         MoEBatch batch;
         batch.x = Tensor(x.get(), DType::kBF16, {M, kH});

@@ -1,4 +1,4 @@
-// Layer mode of epkit-moe (issue #14): MoELayer forwards at world size 1 with DeepSeek-V3 shapes,
+// Layer mode of epkit-moe: MoELayer forwards at world size 1 with DeepSeek-V3 shapes,
 // every schedule, the per-kernel breakdown, and the bounds the layer is judged against.
 #pragma once
 

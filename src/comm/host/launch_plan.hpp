@@ -75,7 +75,7 @@ int blocks_for(int64_t warp_units, int max_blocks);
 // first (unit q to block q % gridDim.x), so the grids hold at least one block per (message, slice,
 // entry) unit of dispatch's receive copy and per (message, slice) group of combine (and per (token,
 // slice) of its token side), up to max_blocks: a decode call then has each unit on an SM of its
-// own (session 18: V3 at 1 token 24.3 -> 21.4 us per pair at W = 1). Never fewer than one warp
+// own (V3 at 1 token 24.3 -> 21.4 us per pair at W = 1). Never fewer than one warp
 // per (message, slice) unit of dispatch and per combine_warp_units unit of combine, 16 to a block.
 // Dispatch also has a block per own token (max_own_tokens, ceil(M / D)) beside the copy's: the fused
 // kernel's small calls send each own token from a block of the grid's end that takes no copy unit

@@ -157,9 +157,8 @@ __device__ __forceinline__ void send_partials(const CommParams& p, const Combine
 #pragma unroll
       for (int e = 0; e < 8; ++e) acc[i][e] = 0.f;
     if constexpr (G == 1) {
-      // The message's local experts, two at a time (the loop of one warp per slice, as it was
-      // before the groups: written the general way below, V3 at 256 tokens, which takes G = 1,
-      // measured +1.3 us in combine; session 14, call 3).
+      // The message's local experts, two at a time (the loop of one warp per slice: written the
+      // general way below, V3 at 256 tokens, which takes G = 1, measured +1.3 us in combine).
       for (unsigned kmask = __ballot_sync(0xffffffffu, lane < K && slot >= 0); kmask;) {
         int ka, kb;
         take_pair(kmask, ka, kb);
@@ -429,11 +428,8 @@ __device__ __forceinline__ void recv_partials(const CommParams& p, const Combine
   Tout* out = static_cast<Tout*>(io.out);
   // One (token, slice) per block first when they fit one wave, as in send_partials. (Taken from each
   // block's last warp down, on warps the send groups leave free, they gained nothing at 1-4 tokens
-  // and lost 0.3-0.4 us at 128: session 19.)
+  // and lost 0.3-0.4 us at 128.)
   const int q0 = m * nsc <= nw ? warp * gridDim.x + blockIdx.x : gw;
-  // Detail stamps (session 41): between "partials sent" and "idx loaded" 0.40 us remained with the
-  // index already in shared memory; these split it into the way here, the unit's arithmetic and
-  // the load.
 
   for (int q = q0; q < m * nsc; q += nw) {
     const int t = div_by_mul(q, nsc, p.combine_slices_mul), sl = q - t * nsc;
@@ -555,8 +551,8 @@ __device__ void combine_recv(const CommParams& p, const CombineIO& io, uint64_t 
 // weights' warps start from every block's second-to-last warp and the partials and the token side
 // from the first ones, so at decode this warp does nothing else). None of it waits for the other
 // blocks: at decode their work and this run side by side, and every block leaves when its own work
-// is done (a finished-block counter, until session 24, held each block for an acq_rel atomic and
-// the last one for its stores).
+// is done (a finished-block counter held each block for an acq_rel atomic and the last one for its
+// stores: 0.7-0.9 us per decode pair at W = 1).
 //
 // raise_barrier (combine_send): this rank no longer reads its dispatch buffers. dispatch_recv, the
 // only reader of what a peer's next dispatch_send writes (messages, counts, arrival counters), ran
@@ -610,11 +606,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint64_t seq = *reinterpret_cast<volatile uint64_t*>(&p.state->combine_seq);
   // m (reported by dispatch_send only: one bad m is one error, not one per kernel of the layer).
   // With m on the device, the decode kernel loads it once for both halves: loaded again by the
-  // token side, after its partials, it was one more round trip on that chain (sessions 38 and 40:
-  // graph -0.1 to -0.4 us per pair). Kept in a register across the send half, it spilled (a stack
+  // token side, after its partials, it was one more round trip on that chain (graph -0.1 to -0.4 us
+  // per pair). Kept in a register across the send half, it spilled (a stack
   // frame, SASS, CUDA 13.0), so each warp keeps its copy in shared memory: every lane stores the
   // same value and reads it back, so no lane waits for another. With m on the host there is nothing
-  // to load: done the same way, it cost 0.1-0.2 us of graph time per pair there (session 38), so
+  // to load: done the same way, it cost 0.1-0.2 us of graph time per pair there, so
   // those calls read the parameter as before. (The other kernels, where m's register spilled too,
   // load it in each half.)
   const bool m_kept = kDecode && do_send && do_recv && io.m.dev_m != nullptr;

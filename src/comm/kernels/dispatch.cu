@@ -439,9 +439,9 @@ __device__ SendDone dispatch_send(const CommParams& p, const DispatchIO& io, uin
   return done;
 }
 
-// The decode kernel's send half (dispatch_decode_kernel: a P2P object, the masked layout, at most
-// 32 own entries, one own token per sending block). Session 31's probe (bench/results/ab-w1-s31)
-// timed the protocol's decode chain with nothing else in it 3.4 us under this pair, so this half
+// The decode kernel's send half (host::dispatch_decode_kernel: a P2P object, the masked layout, at
+// most 32 own entries, one own token per sending block). A probe of the protocol's decode chain with
+// nothing else in it timed 3.4 us under the general pair, so this half
 // keeps the protocol (messages, tagged counts, slices counted at each destination) and drops the
 // block-wide machinery around it: no shared histogram, no ranking round, no block barrier. Each
 // warp of a sending block loads every own entry (lane i: entry i % K of own token i / K, one load)
@@ -456,12 +456,10 @@ __device__ SendDone dispatch_send(const CommParams& p, const DispatchIO& io, uin
 // grid's last block also writes the count words, 32 experts per warp and one warp for the message
 // counts; it does so also when this rank sends nothing (the receivers wait for every word).
 // Blocks that send nothing and count nothing go straight to the receive half.
-// Measured (session 31, same-call A/Bs on one H200 and one H100): V2-Lite's dispatch -0.4 to
-// -0.8 us at 1-4 tokens (graph -0.9 to -1.1 per pair), V3's within the spread (graph -0.1 to -0.4);
-// docs/perf-notes/2026-12-05-protocol-floor-s31.md.
-// Session 33 (one H100, 7 rounds): the matches only in the warps that use them took V3's dispatch
-// from 8.3 to 7.8 us at 1 token (pair 16.2 -> 15.7, graph 9.4 -> 8.9), 4 tokens pair 16.3 -> 15.9;
-// V2-Lite and 128 tokens within the spread; docs/perf-notes/2026-12-06-candidates-s33.md.
+// Measured (same-run A/Bs on one H200 and one H100): V2-Lite's dispatch -0.4 to -0.8 us at 1-4
+// tokens (graph -0.9 to -1.1 per pair), V3's within the spread (graph -0.1 to -0.4). The matches
+// only in the warps that use them took V3's dispatch from 8.3 to 7.8 us at 1 token (one H100, pair
+// 16.2 -> 15.7, graph 9.4 -> 8.9); docs/perf/comm-latency.md.
 static_assert(kWarpSize == 32, "one lane per own entry and per destination rank");
 __device__ SendDone dispatch_send_decode(const CommParams& p, const DispatchIO& io, uint64_t seq) {
   __shared__ int warp_cnt[kWarps][kWarpSize];  // a count warp's 32 experts (or ranks)
@@ -489,7 +487,7 @@ __device__ SendDone dispatch_send_decode(const CommParams& p, const DispatchIO& 
   // The warp matches, only in the warps that use them: the slice warps, the send_slot warp and the
   // warp of the message counts (unit ncount - 1). A warp that counts experts only counts them by
   // shuffles (below): with every warp matching, V3's sending block (14 warps) reached "matches done"
-  // 1.14 us after its index, V2-Lite's (5 warps) 0.59 us (session 33's stamps).
+  // 1.14 us after its index, V2-Lite's (5 warps) 0.59 us.
   const int cstride = kWarps - (nsd + 1);  // count warps
   const bool matches = (sends && warp <= nsd) || (counter && cw >= 0 && (ncount - 1 - cw) % cstride == 0);
   const unsigned below = (1u << lane) - 1u;
@@ -638,11 +636,11 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
   // Thread 0's second look at the abort flag (shared at the data's barrier below), loaded now so that
   // its round trip runs under the offsets it computes next. Loaded after them, right before that
   // barrier, it put one round trip between the offsets and the copy in every block (block 0's
-  // stamps, V3 1 token: offsets done 2.54 -> data arrived 2.84 us; session 37, call 1). An abort
-  // raised in between is seen by every bounded wait after this one. Measured (call 2, 12 rounds,
-  // one H100): graph -0.04 to -0.15 us per pair in every round at 1-4 tokens, event-timed -0.1.
-  // The word is tested at that barrier (abort_word); tested here, as is_aborted did, thread 0 waited
-  // for the load before its offsets (session 38, call 1: moving the test changed nothing measurable).
+  // stamps, V3 1 token: offsets done 2.54 -> data arrived 2.84 us). An abort raised in between is
+  // seen by every bounded wait after this one. Measured (12 rounds, one H100): graph -0.04 to
+  // -0.15 us per pair in every round at 1-4 tokens, event-timed -0.1. The word is tested at that
+  // barrier (abort_word); tested here, as is_aborted did, thread 0 waited for the load before its
+  // offsets.
   const int32_t abort_mid = threadIdx.x == 0 ? abort_word(p) : 0;
   // combine_send waits for a portable source's weights_recv_ctr[s] >= weights_base[s]: the weight
   // rows of every call so far, this one's (one per message) included. Only this kernel reads or
@@ -679,7 +677,7 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
   // The messages to copy, numbered in recv_map's order (ours first, then me + 1, ...), so that a
   // message's number is its map row: none of ours with direct_self (the send half placed them and
   // wrote their rows, the first nmsg[me]). (With a second array of each source's first row, the
-  // copy's extra shared load and the loop here cost the dispatch 0.1-0.2 us: session 34's call 2.)
+  // copy's extra shared load and the loop here cost the dispatch 0.1-0.2 us.)
   if (threadIdx.x == 0) {
     int acc = 0;
 #pragma unroll 1
@@ -717,8 +715,8 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
   // (decode), per entry: the warp stores its slice into that entry's row only, so a message's K
   // rows are stored by K warps instead of one. Units spread one per block first (block-uniform
   // choice: total is the same in every block). One block storing a 1-token message into 8 rows
-  // took 1.8 us (session 14's stamps); the W = 1 kernels' scatter went from 2.3 to 1.0 us when
-  // spread over the grid's SMs, while more warps of the same SM made this copy slower (session 13).
+  // took 1.8 us; the W = 1 kernels' scatter went from 2.3 to 1.0 us when spread over the grid's
+  // SMs, while more warps of the same SM made this copy slower.
   // The fused kernel's sending blocks (the grid's last sender_blocks, one own token each) take no
   // unit when the units fit the warps of the blocks before them: a sending block reaches its copy
   // only after its send half, its count read and its offsets, and at decode it ended the grid last
@@ -758,7 +756,7 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
     // ours needs it) and the token's behind both, two more round trips (SASS, CUDA 13.0).
     // The token word is loaded by every lane with the rest, and stored with the slots: a store of it
     // here, on one lane, was issued right after its load and held the warp for the round trip before
-    // the entry's load went out (SASS, CUDA 13.0; dispatch +0.2-0.3 us, session 34's call 1).
+    // the entry's load went out (SASS, CUDA 13.0; dispatch +0.2-0.3 us).
     int slot = -1;
     const int2 erk = lane < K ? __ldcg(reinterpret_cast<const int2*>(hdr + 4) + lane) : make_int2(-1, 0);
     const int tok = __ldcg(hdr);

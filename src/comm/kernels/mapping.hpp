@@ -76,8 +76,8 @@ constexpr int sender_blocks_of(int n, unsigned nb) { return send_from_last_block
 // which the copies hold in registers; and where every unit index times its divisor fits small_div
 // (the receive copy's (message, slice) units, the count matrix's rows), so no division fallback is
 // compiled. The receive half's conditions are the object's, the same on every rank. 2,752 -> 2,448
-// SASS instructions (2,456 in the build measured); dispatch -0.4 us at 1-4 tokens on one H200 (docs/perf-notes/2026-12-05-decode-kernels-s30.md).
-// Its send half (dispatch_send_decode, session 31) holds every own entry in one warp's lanes and
+// SASS instructions; dispatch -0.4 us at 1-4 tokens on one H200.
+// Its send half (dispatch_send_decode) holds every own entry in one warp's lanes and
 // every destination rank in one lane each: at most kWarpSize own entries (own tokens x K) and ranks.
 // Its slices take the first dispatch_slices warps of a block, its message-index row one more, and
 // the last block's count units at least one more (kDispatchDecodeMaxSlices).

@@ -165,11 +165,11 @@ struct TaggedChunk {
 // start (then recorded and the object aborted, as wait_flag). Out of line, like wait_flag_slow, so
 // that the spin's own code is only its loads and tag checks. The spin is inline, loads all of a
 // lane's chunks each round into the registers it then sums, and so takes them from the round that
-// sees them all: before session 26 an out-of-line loop waited for one chunk after the other (a
+// sees them all: an out-of-line loop that waited for one chunk after the other (a
 // round trip each, even once all had landed) and the caller loaded them again after it, up to
 // n + 1 round trips after the data came where one is enough.
 // wait_flag_slow keeps its own copy of these few lines: calling this from it made ptxas spill 392 /
-// 524 bytes in the bf16 / fp16 small P2P combines, which have none (CUDA 13.0, session 26).
+// 524 bytes in the bf16 / fp16 small P2P combines, which have none (CUDA 13.0).
 // where: err_where(kErrTimeout, phase, what, peer).
 static __device__ __noinline__ bool spin_alive(const CommParams& p, uint64_t start, int64_t seen, int64_t want,
                                                uint32_t where, int32_t token, uint64_t seq) {

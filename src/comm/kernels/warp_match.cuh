@@ -31,11 +31,10 @@ __device__ __forceinline__ unsigned match_key_bits(int key, int bits) {
 // with a negative key are not defined: the callers ignore them), by whichever of MATCH.ANY and
 // match_key_bits is faster when the warp holds at most `distinct` distinct keys (negative keys
 // counted as one; warp-uniform, like bits). MATCH.ANY's time grows with the distinct keys, about 10
-// cycles each; match_key_bits' with the bits, about 60 cycles per pass of four. Session 35's probe
-// (bench/results/ab-w1-s35/match_probe.cu, one H100, cycles per call with ~70 of loop around it):
-// experts of one V3 token (9 keys) 156 against 191, of four tokens (33 keys) 376 against 191; ranks at
-// W = 1 (2 keys) 89 against 72, at W = 32 (33 keys) 298 against 201. This rule picks the faster one
-// in each of the probe's shapes. docs/perf-notes/2026-12-06-warp-matches-s35.md has the kernels' A/Bs.
+// cycles each; match_key_bits' with the bits, about 60 cycles per pass of four. Measured with a
+// probe (one H100, cycles per call with ~70 of loop around it): experts of one V3 token (9 keys) 156
+// against 191, of four tokens (33 keys) 376 against 191; ranks at W = 1 (2 keys) 89 against 72, at
+// W = 32 (33 keys) 298 against 201. This rule picks the faster one in each of the probe's shapes.
 __device__ __forceinline__ unsigned match_groups(int key, int bits, int distinct) {
   return distinct < 6 * ((bits + 3) / 4) ? __match_any_sync(0xffffffffu, key) : match_key_bits(key, bits);
 }

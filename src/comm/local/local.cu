@@ -1,4 +1,4 @@
-// World size 1: dispatch and combine without a peer (issue 15). With one rank, dispatch is the
+// World size 1: dispatch and combine without a peer. With one rank, dispatch is the
 // permutation of the tokens into the expert-major layout and combine the weighted gather back out
 // of it, so these kernels send no messages, raise no flags and touch symmetric memory only where a
 // split half must hand data to the other. The host takes them for every call of an object with
@@ -227,8 +227,8 @@ __device__ __forceinline__ void write_map_entry(const CommParams& p, const Dispa
 // Built in place from the kernel's parameters and passed by reference, never copied (the copy
 // constructor is deleted): nvcc 13.0 compiles a copy of such an object, in a kernel whose parameter
 // is __grid_constant__, into parameter-space loads at the object's own field offsets, i.e. reads of
-// unrelated CommParams fields (tools/nvcc-bugs/grid_constant_copy.cu; session 17 found it behind
-// the broken field order of session 16).
+// unrelated CommParams fields (tests/compiler/grid_constant_copy.cu; a field order of CommParams
+// exposed it once and broke the one-warp dispatch).
 template <int U>
 struct PieceUnits {
   int K, npc, units, gw, gstride;
@@ -366,7 +366,7 @@ __device__ void local_dispatch_tiny(const CommParams& p, const DispatchIO& io, i
   local_counts_out(p, io, cs, true);
 }
 
-// The one-warp dispatch's bookkeeping on warps of its own (masked layout; session 16). Besides the
+// The one-warp dispatch's bookkeeping on warps of its own (masked layout). Besides the
 // payload units, the grid takes n scale units (entry i: its token's scales into its row), ceil(E / 32)
 // count units (32 experts' counts each, from the match's groups through a warp-private array of 32
 // ints) and one map unit (the n recv_map entries and, with weights_at_dispatch, the weights), each on

@@ -274,7 +274,7 @@ int cmd_sweep(const std::vector<std::string>& args, size_t first, std::ostream& 
   return 0;
 }
 
-// GEMM and GroupGEMM points of the MoE layer for the roofline plot (seed 001 figures), TP1.
+// GEMM and GroupGEMM points of the MoE layer for the roofline plot (the deployment study figures), TP1.
 int cmd_roofline(const std::vector<std::string>& args, std::ostream& out) {
   std::set<std::string> vals = kCommon;
   vals.insert({"--gpus", "--ep", "--batch"});

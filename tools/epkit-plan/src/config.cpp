@@ -43,7 +43,7 @@ void validate(const DeployConfig& c, const ModelSpec& m, const GpuSpec& g) {
   EPKIT_CHECK(m.num_routed_experts % c.ep == 0, "ep = ", c.ep, " must divide num_routed_experts = ",
               m.num_routed_experts);
   EPKIT_CHECK(c.ep % c.tp == 0, "tp = ", c.tp, " must divide ep = ", c.ep, " (EP = DP x TP)");
-  // Engine instances never span nodes (seed 001), so a TP group lives inside one node.
+  // Engine instances never span nodes (the deployment study), so a TP group lives inside one node.
   EPKIT_CHECK(c.tp <= g.gpus_per_node, "tp = ", c.tp, " exceeds gpus_per_node = ", g.gpus_per_node);
   EPKIT_CHECK(g.gpus_per_node % c.tp == 0, "tp = ", c.tp, " must divide gpus_per_node = ", g.gpus_per_node);
   EPKIT_CHECK(c.ep <= g.gpus_per_node || c.ep % g.gpus_per_node == 0, "ep = ", c.ep,

@@ -1,4 +1,4 @@
-// Per-kernel FLOP and byte counts of a decode layer (seed 001's kernel list and stages).
+// Per-kernel FLOP and byte counts of a decode layer (the deployment study's kernel list and stages).
 #include "layer.hpp"
 
 #include <algorithm>
@@ -38,7 +38,7 @@ void attention_ops(const ModelSpec& m, const GpuSpec& g, const DeployConfig& c, 
   attn.cls = KernelClass::kAttention;
   if (m.attention == AttentionKind::kMla) {
     const double lat = m.kv_lora_rank, rope = m.qk_rope_head_dim, nope = m.qk_nope_head_dim, vd = m.v_head_dim;
-    // q_a and kv_a fused into one GEMM (seed 001: 30.2 -> 16.7 µs); replicated on every TP rank.
+    // q_a and kv_a fused into one GEMM (the deployment study: 30.2 -> 16.7 µs); replicated on every TP rank.
     if (m.q_lora_rank > 0) {
       ops.push_back(kernel_op(1, gemm_cost("qkv_a_proj", KernelClass::kGemm, T, h, m.q_lora_rank + lat + rope, wb, ab, kAct, g, e)));
       ops.push_back(kernel_op(1, gemm_cost("q_b_proj", KernelClass::kGemm, T, m.q_lora_rank, heads * (nope + rope), wb, ab, kAct, g, e)));
@@ -135,7 +135,7 @@ MoeLayerOps moe_layer_ops(const ModelSpec& m, const GpuSpec& g, const DeployConf
   ops.push_back(kernel_op(2, elementwise_cost("topk", KernelClass::kRouter, T * m.num_routed_experts * 4.0, g, e)));
   use_measured(ops.back().kernel, cal, {"router", "", m.num_routed_experts, m.top_k, 1, T, g.name});
 
-  // Each TP rank dispatches a disjoint 1/tp share of the group's tokens (seed 000); combine returns
+  // Each TP rank dispatches a disjoint 1/tp share of the group's tokens (as in the pplx-kernels design); combine returns
   // every result to every rank of the group.
   const double t_send = std::ceil(T / c.tp);
   const double copies_out = t_send * m.top_k;
@@ -212,7 +212,7 @@ bool in_moe_block(const Op& op) { return op.stage >= 3 || (op.kind == OpKind::kK
 std::vector<std::pair<std::string, double>> moe_block_steps(const MoeLayerOps& mb) {
   // epkit-moe's step names, and the planner kernels doing that work. A standalone dispatch or combine
   // includes its transfer. quantize and add_shared have no planner kernel: the planner folds them into
-  // dispatch-send's and combine-receive's bytes, as seed 001's kernel list does.
+  // dispatch-send's and combine-receive's bytes, as the deployment study's kernel list does.
   static const std::vector<std::pair<std::string, std::vector<std::string>>> kSteps = {
       {"gate", {"gate"}},
       {"router", {"topk"}},

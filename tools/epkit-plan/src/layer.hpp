@@ -1,4 +1,4 @@
-// The kernels of one decode layer for one (micro-)batch, tagged with seed 001's five stages.
+// The kernels of one decode layer for one (micro-)batch, tagged with the deployment study's five stages.
 #pragma once
 
 #include <string>
@@ -17,7 +17,7 @@ enum class OpKind { kKernel, kStartDispatch, kWaitDispatch, kStartCombine, kWait
 
 struct Op {
   OpKind kind = OpKind::kKernel;
-  int stage = 1;       // 1..5 (seed 001: norm/QKV | attention/O/gate | dispatch-send | MoE | combine-recv)
+  int stage = 1;       // 1..5 (the deployment study: norm/QKV | attention/O/gate | dispatch-send | MoE | combine-recv)
   KernelCost kernel;   // for kKernel
 };
 

@@ -1,4 +1,4 @@
-// Weights per GPU and KV-cache capacity (seed 001, "Single-Node versus Multi-Node").
+// Weights per GPU and KV-cache capacity (the deployment study, "Single-Node versus Multi-Node").
 #include "epkit/plan/memory.hpp"
 
 #include <cmath>
@@ -17,7 +17,7 @@ double linear_bytes(const ModelSpec& m, double k, double n) {
 }
 
 // Attention weights of one layer on one GPU. MLA: TP cannot split the latent projections, so q_a, kv_a
-// and kv_b are replicated on every TP rank (seed 001); q_b and o are split by heads.
+// and kv_b are replicated on every TP rank (the deployment study); q_b and o are split by heads.
 double attention_bytes_per_layer(const ModelSpec& m, int tp) {
   const double h = m.hidden, heads = double(m.num_heads) / tp;
   if (m.attention == AttentionKind::kMla) {

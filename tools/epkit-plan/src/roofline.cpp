@@ -1,4 +1,4 @@
-// Roofline kernel times (seed 001, "Roofline").
+// Roofline kernel times (the deployment study, "Roofline").
 #include "epkit/plan/roofline.hpp"
 
 #include <algorithm>

@@ -1,4 +1,4 @@
-// Expected expert load under a balanced router (seed 001, "GroupGEMM").
+// Expected expert load under a balanced router (the deployment study, "GroupGEMM").
 #include "epkit/plan/routing.hpp"
 
 #include <algorithm>

@@ -1,4 +1,4 @@
-// Event replay of the MoE layer schedules (seed 001, "Overlap").
+// Event replay of the MoE layer schedules (the deployment study, "Overlap").
 #include "schedule.hpp"
 
 #include <algorithm>

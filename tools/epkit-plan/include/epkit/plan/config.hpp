@@ -7,7 +7,7 @@
 
 namespace epkit::plan {
 
-// How a MoE layer overlaps communication with compute (seed 001, "Overlap").
+// How a MoE layer overlaps communication with compute (the deployment study, "Overlap").
 enum class Schedule {
   kNoOverlap,        // every kernel and transfer in sequence
   kDispatchOverlap,  // the shared expert runs between dispatch-send and dispatch-receive
@@ -27,14 +27,14 @@ struct Efficiency {
   double attention_memory = 0.8;   // decode attention: fraction of HBM bandwidth while reading KV
   double attention_compute = 0.5;  // decode attention: fraction of BF16 peak
   double elementwise_memory = 0.7; // norms, activations, packing copies: fraction of HBM bandwidth
-  double comm = 0.5;               // dispatch/combine/all-reduce: fraction of link bandwidth (seed 001: ~1/2 of IB)
+  double comm = 0.5;               // dispatch/combine/all-reduce: fraction of link bandwidth (the deployment study: ~1/2 of IB)
 };
 
 // Checks every factor is in (0, 1]; throws epkit::Error naming the factor.
 void validate(const Efficiency& e);
 
 // One point of the design space. `batch` counts requests per DP group (an engine instance); with TP1 it is
-// the batch per GPU, as in seed 001.
+// the batch per GPU, as in the deployment study.
 struct DeployConfig {
   int ep = 8;                 // expert-parallel ranks = DP * TP
   int tp = 1;                 // tensor-parallel ranks per DP group (attention only)

@@ -11,7 +11,7 @@ struct WeightBytes {
   double attention = 0;       // all attention projections of all layers
   double dense_mlp = 0;       // MLPs of the leading dense layers (split by TP)
   double routed_experts = 0;  // num_routed_experts / ep experts per MoE layer
-  double shared_experts = 0;  // a full copy on every GPU (seed 001)
+  double shared_experts = 0;  // a full copy on every GPU (the deployment study)
   double router = 0;          // gate weights (BF16)
   double embedding = 0;       // embedding + LM head, split by TP over the vocabulary
   double total() const { return attention + dense_mlp + routed_experts + shared_experts + router + embedding; }

@@ -8,7 +8,7 @@
 
 namespace epkit::plan {
 
-// What a kernel is, for the per-layer breakdown (seed 001's categories).
+// What a kernel is, for the per-layer breakdown (the deployment study's categories).
 enum class KernelClass { kGemm, kGroupGemm, kAttention, kRouter, kSharedExpert, kElementwise, kDispatch, kCombine, kTpAllReduce };
 
 // "gemm", "group_gemm", "attention", "router", "shared_expert", "elementwise", "dispatch", "combine", "tp_allreduce".
@@ -33,7 +33,7 @@ struct KernelCost {
 double roofline_us(double flop, double bytes, double peak_tflops, double bw_tb_per_s, double eff_compute,
                    double eff_memory, double launch_us, bool* compute_bound = nullptr);
 
-// A GEMM [m,k] x [k,n] -> [m,n]: FLOP = 2mkn, bytes = m*k*a_bytes + k*n*w_bytes + m*n*out_bytes (seed 001
+// A GEMM [m,k] x [k,n] -> [m,n]: FLOP = 2mkn, bytes = m*k*a_bytes + k*n*w_bytes + m*n*out_bytes (the deployment study
 // counts one byte per element; the planner uses the real element sizes). FP8 peak when w_bytes == 1.
 KernelCost gemm_cost(const std::string& name, KernelClass cls, double m, double k, double n, double w_bytes,
                      double a_bytes, double out_bytes, const GpuSpec& g, const Efficiency& e);

@@ -10,7 +10,7 @@ namespace epkit::plan {
 struct RoutingStats {
   double tokens_in_system = 0;          // tokens routed by all DP groups together
   double copies_per_gpu = 0;            // expected (token, expert) pairs one GPU receives
-  double tokens_per_expert = 0;         // seed 001's m: tokens_in_system * top_k / num_routed_experts
+  double tokens_per_expert = 0;         // the deployment study's m: tokens_in_system * top_k / num_routed_experts
   double experts_per_gpu = 0;           // num_routed_experts / ep
   double active_experts_per_gpu = 0;    // expected distinct experts touched on one GPU
   double tokens_per_active_expert = 0;  // copies_per_gpu / active_experts_per_gpu: the GroupGEMM's m

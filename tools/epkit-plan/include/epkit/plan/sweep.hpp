@@ -1,4 +1,4 @@
-// The design-space sweep of seed 001 and the Pareto frontier of output speed against throughput.
+// The design-space sweep of the deployment study and the Pareto frontier of output speed against throughput.
 #pragma once
 
 #include <vector>
@@ -8,7 +8,7 @@
 namespace epkit::plan {
 
 // What to sweep. EPs up to the single-node GPU's node size run on `single_node_gpu`, larger EPs on
-// `multi_node_gpu` (seed 001: 8xH200 against up to 16 nodes of 8xH100).
+// `multi_node_gpu` (the deployment study: 8xH200 against up to 16 nodes of 8xH100).
 struct SweepSpec {
   ModelSpec model;
   GpuSpec single_node_gpu;

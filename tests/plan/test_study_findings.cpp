@@ -1,4 +1,4 @@
-// Seed 001's qualitative findings, read off the full sweep, and the Pareto frontier's correctness.
+// The deployment study's qualitative findings, read off the full sweep, and the Pareto frontier's correctness.
 #include <gtest/gtest.h>
 
 #include "epkit/plan/sweep.hpp"
@@ -78,7 +78,7 @@ TEST(PlanSeed, MicroBatchingLosesAtSmallBatchAndWinsFrom32) {
 }
 
 TEST(PlanSeed, MicroBatchAtEp128Batch128IsAboutTheSeedsBreakdown) {
-  // Seed 001 (H100, TP1, batch 128, query 2, KV 5000): 2667 µs no overlap, 2651 dispatch overlap,
+  // The deployment study (H100, TP1, batch 128, query 2, KV 5000): 2667 µs no overlap, 2651 dispatch overlap,
   // 1896 micro-batch. The model is a roofline with generic efficiencies; allow 20%.
   const double none = find(128, 1, 128, Schedule::kNoOverlap).moe_layer_time_us;
   const double disp = find(128, 1, 128, Schedule::kDispatchOverlap).moe_layer_time_us;
