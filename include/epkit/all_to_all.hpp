@@ -63,6 +63,10 @@ class AllToAll {
   // Collective over all ranks of comm: checks that every rank passed the same config (throws
   // naming the field and the ranks otherwise) and allocates the symmetric buffers.
   AllToAll(const Communicator& comm, const AllToAllConfig& cfg);
+  // World size 1 in one process, with no Communicator and no NVSHMEM: cfg.world_size must be 1 and
+  // cfg.rank 0. Dispatch is then a permutation on this GPU (the current device) and combine its
+  // inverse; every call and semantic is the same.
+  explicit AllToAll(const AllToAllConfig& cfg);
   ~AllToAll();
   AllToAll(const AllToAll&) = delete;
   AllToAll& operator=(const AllToAll&) = delete;
@@ -90,7 +94,7 @@ class AllToAll {
   // Does not synchronise: call after cudaStreamSynchronize to see the errors of finished work.
   void check() const;
 
-  size_t symmetric_bytes() const;  // NVSHMEM heap taken by this object
+  size_t symmetric_bytes() const;  // NVSHMEM heap taken by this object (device memory without a Communicator)
   size_t workspace_bytes() const;  // local device workspace taken by this object
   // Number of peers reached by direct loads/stores (the rest use put-with-signal).
   int num_p2p_peers() const;

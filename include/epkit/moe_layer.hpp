@@ -116,6 +116,9 @@ class MoELayer {
  public:
   // Owns its AllToAll (two under kMicrobatch), allocated collectively over comm's ranks.
   MoELayer(const Communicator& comm, const MoELayerConfig& cfg, const MoELayerWeights& weights);
+  // World size 1 in one process, with no Communicator and no NVSHMEM (cfg.world_size 1, rank 0):
+  // one GPU serving the whole model, on the current device.
+  MoELayer(const MoELayerConfig& cfg, const MoELayerWeights& weights);
   // Borrows the caller's AllToAll objects (one, or two for kMicrobatch: several layers then share
   // one set of symmetric buffers, as the seed does). Their configs must equal all_to_all_config(),
   // except weights_at_dispatch, which the layer follows (all_to_all_config() sets it: the router's

@@ -41,8 +41,8 @@ class _Pending(NamedTuple):
     result: object
 
 
-def _stream() -> int:
-    return torch.cuda.current_stream(_C.device()).cuda_stream
+def _stream(device: int) -> int:
+    return torch.cuda.current_stream(device).cuda_stream
 
 
 def _num_tokens(num_tokens: NumTokens, topk_idx):
@@ -56,6 +56,9 @@ def _num_tokens(num_tokens: NumTokens, topk_idx):
 
 class AllToAll:
     """Expert-parallel dispatch and combine over NVSHMEM. Construction is collective.
+
+    At world size 1 in a process that never called nvshmem_init, the object needs no NVSHMEM: it is a
+    permutation on the current GPU and its inverse, with every call and semantic unchanged.
 
     ``AllToAll(AllToAllConfig(...))`` or ``AllToAll(num_experts=..., hidden=..., ...)``.
     Call destroy() (collective) when done, or use it as a context manager; an object dropped without
@@ -79,7 +82,7 @@ class AllToAll:
         self.scales_per_token = cpp.scales_per_token()
         self.packed = cpp.layout == _C.ExpertLayout.packed
         self.packed_rows = cpp.effective_packed_rows() if self.packed else 0  # R
-        self.device = torch.device("cuda", _C.device())
+        self.device = torch.device("cuda", self._impl.device)
         self._op_id = _ops.register(self)
 
     # -- properties of the C++ object ------------------------------------------------------------
@@ -154,7 +157,7 @@ class AllToAll:
         self._impl.dispatch(mode, arg(x, "x"), arg(x_scale, "x_scale"), arg(topk_idx, "topk_idx"), m,
                             arg(m_dev, "num_tokens"), arg(expert_x, "expert_x"),
                             arg(expert_x_scale, "expert_x_scale"), arg(expert_num_tokens, "expert_num_tokens"),
-                            arg(expert_offsets, "expert_offsets"), arg(topk_weights, "topk_weights"), _stream())
+                            arg(expert_offsets, "expert_offsets"), arg(topk_weights, "topk_weights"), _stream(self.device.index))
 
     _dispatch_untraced = _ops.not_traced(_dispatch_now)
 
@@ -196,7 +199,7 @@ class AllToAll:
     def _combine_now(self, mode, expert_y, topk_idx, topk_weights, m, m_dev, out):
         self._impl.combine(mode, arg(expert_y, "expert_y"), arg(topk_idx, "topk_idx"),
                            arg(topk_weights, "topk_weights"), m, arg(m_dev, "num_tokens"), arg(out, "out"),
-                           _stream())
+                           _stream(self.device.index))
 
     _combine_untraced = _ops.not_traced(_combine_now)
 

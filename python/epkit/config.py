@@ -28,7 +28,8 @@ def parse_enum(owner: str, field: str, value, names: dict, enum_type):
 class AllToAllConfig:
     """One expert-parallel dispatch/combine instance; fields and units as in include/epkit/config.hpp.
 
-    world_size and rank default to the NVSHMEM PE count and index. Dtypes take torch dtypes or names
+    world_size and rank default to the NVSHMEM PE count and index, or to 1 and 0 where NVSHMEM is
+    not initialized. Dtypes take torch dtypes or names
     ("bf16", "fp16", "fp32", "fp8_e4m3").
     """
 
@@ -53,8 +54,10 @@ class AllToAllConfig:
 
     def to_cpp(self) -> "_C.AllToAllConfig":
         c = _C.AllToAllConfig()
-        c.world_size = int(self.world_size if self.world_size is not None else _C.n_pes())
-        c.rank = int(self.rank if self.rank is not None else _C.my_pe())
+        # Defaults: this NVSHMEM PE, or world size 1 (no NVSHMEM needed) where NVSHMEM is not initialized.
+        on_pe = _C.initialized()
+        c.world_size = int(self.world_size if self.world_size is not None else (_C.n_pes() if on_pe else 1))
+        c.rank = int(self.rank if self.rank is not None else (_C.my_pe() if on_pe else 0))
         c.dp_size = int(self.dp_size)
         c.num_experts = int(self.num_experts)
         c.topk = int(self.topk)

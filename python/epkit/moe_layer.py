@@ -3,8 +3,9 @@
     out = sum_k w_k * expert_k(x) + shared(x),  expert(x) = W2 . (silu(W1 x) * (W3 x)) in FP8
 
 The C++ epkit::MoELayer (include/epkit/moe_layer.hpp) owns its AllToAll objects (two under the
-microbatch schedule), so it lives on this process's NVSHMEM PE like epkit.AllToAll: call
-epkit.nvshmem_init first (world size 1 is fine: one GPU serving the whole model), and create and
+microbatch schedule). At world size 1 (one GPU serving the whole model) it needs nothing else:
+without nvshmem_init it is a single-process layer on the current GPU. With several ranks it lives
+on this process's NVSHMEM PE like epkit.AllToAll: call epkit.nvshmem_init first, and create and
 destroy() layers in the same order on every rank (both are collective).
 
 The weights are the caller's tensors, in the DeepSeek-V3 checkpoint layout; the layer keeps views
@@ -37,7 +38,8 @@ WEIGHT_NAMES = ("w13", "w13_scale", "w2", "w2_scale", "shared_w13", "shared_w13_
 class MoELayerConfig:
     """epkit::MoELayerConfig, same field names (include/epkit/moe_layer.hpp).
 
-    world_size and rank default to the NVSHMEM PE count and index. router_mode "grouped_topk" or
+    world_size and rank default to the NVSHMEM PE count and index, or to 1 and 0 where NVSHMEM is
+    not initialized. router_mode "grouped_topk" or
     "softmax_topk"; schedule "none", "dispatch_overlap" or "microbatch"; layout "masked" or "packed".
     """
 
@@ -73,8 +75,10 @@ class MoELayerConfig:
         c.ue8m0_scales = bool(self.ue8m0_scales)
         c.shared_concurrent = bool(self.shared_concurrent)
         c.routed_scaling = float(self.routed_scaling)
-        c.world_size = int(self.world_size if self.world_size is not None else _C.n_pes())
-        c.rank = int(self.rank if self.rank is not None else _C.my_pe())
+        # Defaults: this NVSHMEM PE, or world size 1 (no NVSHMEM needed) where NVSHMEM is not initialized.
+        on_pe = _C.initialized()
+        c.world_size = int(self.world_size if self.world_size is not None else (_C.n_pes() if on_pe else 1))
+        c.rank = int(self.rank if self.rank is not None else (_C.my_pe() if on_pe else 0))
         c.router_mode = parse_enum("MoELayerConfig", "router_mode", self.router_mode,
                                    {k: _C.RouterMode(v) for k, v in impl.ROUTER_MODES.items()}, _C.RouterMode)
         c.schedule = parse_enum("MoELayerConfig", "schedule", self.schedule, _SCHEDULES, _C.MoESchedule)
@@ -135,7 +139,7 @@ class MoELayer:
         self.hidden = cpp.hidden
         self.num_local_experts = cpp.num_local_experts()
         self.halves = 2 if cpp.schedule == _C.MoESchedule.microbatch else 1
-        self.device = torch.device("cuda", _C.device())
+        self.device = torch.device("cuda", self._impl.device)
         self._batch = None  # (x, out, num_tokens) between begin() and the last stage: the layer holds their pointers
         self._op_id = _ops.register(self)
 
@@ -184,7 +188,7 @@ class MoELayer:
     __call__ = forward
 
     def _forward_now(self, x, out, m, m_dev):
-        self._impl.forward(arg(x, "x"), arg(out, "out"), m, arg(m_dev, "num_tokens"), _stream())
+        self._impl.forward(arg(x, "x"), arg(out, "out"), m, arg(m_dev, "num_tokens"), _stream(self.device.index))
 
     _forward_untraced = _ops.not_traced(_forward_now)
 
@@ -203,13 +207,13 @@ class MoELayer:
         return out
 
     def _begin_now(self, x, out, m, m_dev):
-        self._impl.begin(arg(x, "x"), arg(out, "out"), m, arg(m_dev, "num_tokens"), _stream())
+        self._impl.begin(arg(x, "x"), arg(out, "out"), m, arg(m_dev, "num_tokens"), _stream(self.device.index))
         self._batch = (x, out, m_dev)
 
     _begin_untraced = _ops.not_traced(_begin_now)
 
     def _stage_now(self, which: int, half: int):
-        self._impl.stage(which, int(half), _stream())
+        self._impl.stage(which, int(half), _stream(self.device.index))
 
     _stage_untraced = _ops.not_traced(_stage_now)
 
@@ -258,5 +262,5 @@ class MoELayer:
         return False
 
 
-def _stream() -> int:
-    return torch.cuda.current_stream(_C.device()).cuda_stream
+def _stream(device: int) -> int:
+    return torch.cuda.current_stream(device).cuda_stream

@@ -22,17 +22,28 @@ namespace {
 
 enum Mode : int { kBoth = 0, kSend = 1, kRecv = 2 };
 
-// The Python object. The runtime's instance list owns the AllToAll: an object dropped without
-// destroy() keeps its symmetric memory until nvshmem_finalize frees it in creation order, because
-// a free triggered by garbage collection would run a collective at a different time on each rank.
+// The Python object. With NVSHMEM initialized, the runtime's instance list owns the AllToAll: an
+// object dropped without destroy() keeps its symmetric memory until nvshmem_finalize frees it in
+// creation order, because a free triggered by garbage collection would run a collective at a
+// different time on each rank. At world size 1 without NVSHMEM the object is the single-process
+// one (AllToAll(cfg), on the current device): the handle owns it and frees it like any tensor.
 class Handle {
  public:
   explicit Handle(const AllToAllConfig& cfg) {
+    if (!runtime().comm && cfg.world_size == 1) {
+      const cudaError_t e = cudaGetDevice(&device_);
+      EPKIT_CHECK(e == cudaSuccess, "cudaGetDevice: ", cudaGetErrorString(e));
+      nb::gil_scoped_release release;
+      owned_ = std::make_shared<AllToAll>(cfg);
+      weak_ = owned_;
+      return;
+    }
     const Communicator& c = comm();
+    device_ = c.device();
     std::shared_ptr<AllToAll> a;
     {
       nb::gil_scoped_release release;  // collective: allocates and agrees on the config with peers
-      DeviceGuard guard(c.device());
+      DeviceGuard guard(device_);
       a = std::make_shared<AllToAll>(c, cfg);
     }
     runtime().instances.push_back(a);
@@ -44,8 +55,16 @@ class Handle {
     EPKIT_CHECK(a != nullptr, "this AllToAll was destroyed (destroy() or nvshmem_finalize())");
     return a;
   }
+  int device() const { return device_; }
 
   void destroy() {
+    if (owned_) {  // single process: nothing collective
+      nb::gil_scoped_release release;
+      DeviceGuard guard(device_);
+      weak_.reset();
+      owned_.reset();
+      return;
+    }
     auto a = weak_.lock();
     if (!a) return;
     weak_.reset();
@@ -56,7 +75,7 @@ class Handle {
         break;
       }
     nb::gil_scoped_release release;  // collective free of the symmetric buffers
-    DeviceGuard guard(comm().device());
+    DeviceGuard guard(device_);
     a.reset();
   }
 
@@ -64,6 +83,8 @@ class Handle {
 
  private:
   std::weak_ptr<AllToAll> weak_;
+  std::shared_ptr<AllToAll> owned_;  // single-process objects only
+  int device_ = 0;
 };
 
 void dispatch(Handle& h, int mode, const TensorArg& x, const TensorArg& x_scale, const TensorArg& topk_idx,
@@ -71,7 +92,7 @@ void dispatch(Handle& h, int mode, const TensorArg& x, const TensorArg& x_scale,
               const TensorArg& expert_x_scale, const TensorArg& expert_num_tokens, const TensorArg& expert_offsets,
               const TensorArg& topk_weights, uintptr_t stream) {
   auto a = h.get();
-  int dev = comm().device();
+  const int dev = h.device();
   DispatchArgs args;
   args.x = to_tensor(x, "x", dev);
   args.x_scale = to_tensor(x_scale, "x_scale", dev);
@@ -96,7 +117,7 @@ void combine(Handle& h, int mode, const TensorArg& expert_y, const TensorArg& to
              const TensorArg& topk_weights, int num_tokens, const TensorArg& num_tokens_device,
              const TensorArg& out, uintptr_t stream) {
   auto a = h.get();
-  int dev = comm().device();
+  const int dev = h.device();
   CombineArgs args;
   args.expert_y = to_tensor(expert_y, "expert_y", dev);
   args.topk_idx = to_tensor(topk_idx, "topk_idx", dev);
@@ -161,7 +182,8 @@ void bind_all_to_all(nb::module_& m) {
 
   nb::class_<Handle>(m, "AllToAll")
       .def(nb::init<const AllToAllConfig&>(), nb::arg("config"),
-           "Collective: checks every rank passed the same config and allocates the symmetric buffers.")
+           "Collective: checks every rank passed the same config and allocates the symmetric buffers. At world "
+           "size 1 without NVSHMEM: the single-process object on the current device.")
       .def("dispatch", &dispatch, nb::arg("mode"), nb::arg("x").none(), nb::arg("x_scale").none(),
            nb::arg("topk_idx").none(), nb::arg("num_tokens"), nb::arg("num_tokens_device").none(),
            nb::arg("expert_x").none(), nb::arg("expert_x_scale").none(), nb::arg("expert_num_tokens").none(),
@@ -172,6 +194,7 @@ void bind_all_to_all(nb::module_& m) {
       .def("check", [](const Handle& h) { h.get()->check(); })
       .def("destroy", &Handle::destroy, "Collective: frees the symmetric buffers now. Idempotent.")
       .def_prop_ro("alive", &Handle::alive)
+      .def_prop_ro("device", &Handle::device)
       .def_prop_ro("config", [](const Handle& h) { return h.get()->config(); })
       .def_prop_ro("symmetric_bytes", [](const Handle& h) { return h.get()->symmetric_bytes(); })
       .def_prop_ro("workspace_bytes", [](const Handle& h) { return h.get()->workspace_bytes(); })

@@ -221,18 +221,26 @@ std::string layer_config_repr(const MoELayerConfig& c) {
   return os.str();
 }
 
-// The Python MoELayer. As for AllToAll (all_to_all.cpp), the runtime's instance list owns the
-// layer: its AllToAll objects hold symmetric memory, whose free is collective, so an object dropped
-// without destroy() is destroyed by nvshmem_finalize in creation order. The weights are views of
-// the caller's tensors; the Python object keeps those alive.
+// The Python MoELayer. As for AllToAll (all_to_all.cpp), with NVSHMEM initialized the runtime's
+// instance list owns the layer: its AllToAll objects hold symmetric memory, whose free is
+// collective, so an object dropped without destroy() is destroyed by nvshmem_finalize in creation
+// order. At world size 1 without NVSHMEM the layer is the single-process one (MoELayer(cfg, w), on
+// the current device), owned by the handle. The weights are views of the caller's tensors; the
+// Python object keeps those alive.
 class LayerHandle {
  public:
   LayerHandle(const MoELayerConfig& cfg, const TensorArg& w13, const TensorArg& w13_scale, const TensorArg& w2,
               const TensorArg& w2_scale, const TensorArg& shared_w13, const TensorArg& shared_w13_scale,
               const TensorArg& shared_w2, const TensorArg& shared_w2_scale, const TensorArg& gate,
               const TensorArg& gate_bias) {
-    const Communicator& c = comm();
-    const int dev = c.device();
+    const bool single = !runtime().comm && cfg.world_size == 1;
+    if (single) {
+      const cudaError_t e = cudaGetDevice(&device_);
+      EPKIT_CHECK(e == cudaSuccess, "cudaGetDevice: ", cudaGetErrorString(e));
+    } else {
+      device_ = comm().device();
+    }
+    const int dev = device_;
     MoELayerWeights w;
     w.w13 = to_tensor(w13, "w13", dev);
     w.w13_scale = to_tensor(w13_scale, "w13_scale", dev);
@@ -248,11 +256,16 @@ class LayerHandle {
     {
       nb::gil_scoped_release release;  // collective: its AllToAll objects agree with peers and allocate
       DeviceGuard guard(dev);
-      layer = std::make_shared<MoELayer>(c, cfg, w);
+      layer = single ? std::make_shared<MoELayer>(cfg, w) : std::make_shared<MoELayer>(comm(), cfg, w);
     }
-    runtime().instances.push_back(layer);
+    if (single) {
+      owned_ = layer;
+    } else {
+      runtime().instances.push_back(layer);
+    }
     weak_ = layer;
   }
+  int device() const { return device_; }
 
   std::shared_ptr<MoELayer> get() const {
     auto l = weak_.lock();
@@ -261,6 +274,13 @@ class LayerHandle {
   }
 
   void destroy() {
+    if (owned_) {  // single process: nothing collective
+      nb::gil_scoped_release release;
+      DeviceGuard guard(device_);
+      weak_.reset();
+      owned_.reset();
+      return;
+    }
     auto l = weak_.lock();
     if (!l) return;
     weak_.reset();
@@ -271,14 +291,14 @@ class LayerHandle {
         break;
       }
     nb::gil_scoped_release release;  // collective free of the AllToAll buffers
-    DeviceGuard guard(comm().device());
+    DeviceGuard guard(device_);
     l.reset();
   }
 
   bool alive() const { return !weak_.expired(); }
 
   MoEBatch batch(const TensorArg& x, const TensorArg& out, int num_tokens, const TensorArg& num_tokens_device) const {
-    const int dev = comm().device();
+    const int dev = device_;
     MoEBatch b;
     b.x = to_tensor(x, "x", dev);
     b.out = to_tensor(out, "out", dev);
@@ -289,14 +309,16 @@ class LayerHandle {
 
  private:
   std::weak_ptr<MoELayer> weak_;
+  std::shared_ptr<MoELayer> owned_;  // single-process layers only
+  int device_ = 0;
 };
 
 template <typename T>
-nb::ndarray<nb::device::cuda> device_view(const Tensor& t, nb::handle owner) {
+nb::ndarray<nb::device::cuda> device_view(const Tensor& t, nb::handle owner, int device) {
   size_t shape[4] = {0, 0, 0, 0};
   for (int i = 0; i < t.ndim; ++i) shape[i] = static_cast<size_t>(t.shape[i]);
   return nb::ndarray<nb::device::cuda>(t.data, static_cast<size_t>(t.ndim), shape, owner, nullptr, nb::dtype<T>(),
-                                       nb::device::cuda::value, comm().device());
+                                       nb::device::cuda::value, device);
 }
 
 }  // namespace
@@ -421,14 +443,15 @@ void bind_moe(nb::module_& m) {
            nb::arg("w2_scale").none(), nb::arg("shared_w13").none(), nb::arg("shared_w13_scale").none(),
            nb::arg("shared_w2").none(), nb::arg("shared_w2_scale").none(), nb::arg("gate").none(),
            nb::arg("gate_bias").none(),
-           "Collective: validates config and weights, creates the layer's AllToAll objects and workspace.")
+           "Collective: validates config and weights, creates the layer's AllToAll objects and workspace. At "
+           "world size 1 without NVSHMEM: the single-process layer on the current device.")
       .def(
           "forward",
           [](LayerHandle& h, const TensorArg& x, const TensorArg& out, int num_tokens, const TensorArg& num_tokens_device,
              uintptr_t stream) {
             auto l = h.get();
             const MoEBatch b = h.batch(x, out, num_tokens, num_tokens_device);
-            DeviceGuard guard(comm().device());
+            DeviceGuard guard(h.device());
             l->forward(b, as_stream(stream));
           },
           nb::arg("x").none(), nb::arg("out").none(), nb::arg("num_tokens"), nb::arg("num_tokens_device").none(),
@@ -439,7 +462,7 @@ void bind_moe(nb::module_& m) {
              uintptr_t stream) {
             auto l = h.get();
             const MoEBatch b = h.batch(x, out, num_tokens, num_tokens_device);
-            DeviceGuard guard(comm().device());
+            DeviceGuard guard(h.device());
             l->begin(b, as_stream(stream));
           },
           nb::arg("x").none(), nb::arg("out").none(), nb::arg("num_tokens"), nb::arg("num_tokens_device").none(),
@@ -448,7 +471,7 @@ void bind_moe(nb::module_& m) {
           "stage",
           [](LayerHandle& h, int which, int half, uintptr_t stream) {
             auto l = h.get();
-            DeviceGuard guard(comm().device());
+            DeviceGuard guard(h.device());
             switch (which) {
               case 0: l->stage_route(half, as_stream(stream)); break;
               case 1: l->stage_dispatch_send(half, as_stream(stream)); break;
@@ -462,10 +485,12 @@ void bind_moe(nb::module_& m) {
       .def(
           "routing",
           [](nb::handle_t<LayerHandle> self, int half) {
-            auto l = nb::cast<LayerHandle&>(self).get();
+            LayerHandle& h = nb::cast<LayerHandle&>(self);
+            auto l = h.get();
             const MoELayer::Routing r = l->routing(half);
-            return std::make_tuple(device_view<float>(r.logits, self), device_view<int32_t>(r.topk_idx, self),
-                                   device_view<float>(r.topk_weights, self));
+            return std::make_tuple(device_view<float>(r.logits, self, h.device()),
+                                   device_view<int32_t>(r.topk_idx, self, h.device()),
+                                   device_view<float>(r.topk_weights, self, h.device()));
           },
           nb::arg("half"), "Device views of half `half`'s logits, topk_idx and topk_weights (valid until destroy()).")
       .def(
@@ -473,12 +498,13 @@ void bind_moe(nb::module_& m) {
           [](LayerHandle& h, int half) {
             auto l = h.get();
             nb::gil_scoped_release release;  // synchronises the device
-            DeviceGuard guard(comm().device());
+            DeviceGuard guard(h.device());
             return l->expert_counts(half);
           },
           nb::arg("half"))
       .def("destroy", &LayerHandle::destroy, "Collective: frees the layer and its AllToAll buffers now. Idempotent.")
       .def_prop_ro("alive", &LayerHandle::alive)
+      .def_prop_ro("device", &LayerHandle::device)
       .def_prop_ro("config", [](const LayerHandle& h) { return h.get()->config(); })
       .def_prop_ro("workspace_bytes", [](const LayerHandle& h) { return h.get()->workspace_bytes(); })
       .def_prop_ro("symmetric_bytes", [](const LayerHandle& h) {

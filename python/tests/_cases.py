@@ -485,3 +485,53 @@ def torch_compile(rank, world_size, dp_size):
         finally:
             epkit._ops.use_ops = default_use_ops
         passed.append(label)
+
+
+def world_size_1_without_nvshmem(rank, world_size):
+    """epkit.AllToAll at world size 1 in a process that never initialized NVSHMEM: the idiomatic and
+    weights-at-dispatch cases, and CUDA graph capture, on the single-process object."""
+    assert world_size == 1 and not epkit.nvshmem_initialized()
+    idiomatic(rank, world_size)
+    weights_at_dispatch(rank, world_size, 1)
+    native_graph(rank, world_size)
+    assert not epkit.nvshmem_initialized()
+
+
+def native_graph(rank, world_size):
+    """dispatch -> experts -> combine of the native API captured in one CUDA graph with m on the
+    device, replayed for fresh inputs and m in {M, 5, 17, 0}."""
+    dev = _device()
+    p = problem(world_size, 1, "fp8")
+    cfg = epkit.AllToAllConfig(num_experts=p.num_experts, topk=TOP_K, hidden=HIDDEN, max_tokens_per_rank=MAX_TOKENS,
+                               dispatch_dtype="fp8_e4m3")
+    with epkit.AllToAll(cfg) as ata:
+        x = torch.zeros(p.max_tokens, p.hidden, device=dev).to(p.payload)
+        x_scale = torch.ones(p.max_tokens, p.num_scales, device=dev)
+        idx = torch.zeros(p.max_tokens, p.topk, dtype=torch.int32, device=dev)
+        w = torch.zeros(p.max_tokens, p.topk, device=dev)
+        m_dev = torch.zeros(1, dtype=torch.int32, device=dev)
+        d = ata.empty_dispatch_output()
+        expert_y = torch.empty(ata.expert_shape(), dtype=p.combine_in, device=dev)
+        out = torch.empty(p.max_tokens, p.hidden, dtype=p.combine_out, device=dev)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            ata.dispatch(x, idx, x_scale, num_tokens=m_dev, out=d)
+            expert_y.copy_(expert_forward(p, rank, d.expert_x, d.expert_x_scale, d.expert_num_tokens))
+            ata.combine(expert_y, idx, w, num_tokens=m_dev, out=out)
+        for it, m in enumerate([p.max_tokens, 5, 17, 0]):
+            tag = f"native graph W={world_size} replay#{it} m={m}"
+            groups = all_groups(p, 1300 + it, dev, m=m)
+            mine = groups[rank]
+            px, pscale, pidx, pw = _padded(mine, p, p.max_tokens)
+            x.copy_(px)
+            x_scale.copy_(pscale)
+            idx.copy_(pidx.view(torch.int32) if pidx.dtype != torch.int32 else pidx)
+            w.copy_(pw)
+            m_dev.fill_(m)
+            d.expert_x.view(torch.uint8).fill_(0xFF)
+            out.fill_(float("nan"))
+            graph.replay()
+            torch.cuda.synchronize()
+            ata.check()
+            check_dispatch(p, rank, groups, d.expert_num_tokens, d.expert_x, d.expert_x_scale, tag)
+            check_combine(p, mine, out, PAYLOADS["fp8"][3], tag, untouched_from=m)

@@ -331,6 +331,19 @@ def layer_graph_and_compile(rank, world_size, seed):
 
 
 def errors_before_init(seed: Optional[int] = None):
-    """Without nvshmem_init a MoELayer cannot be made (it owns AllToAll objects)."""
+    """Without nvshmem_init a MoELayer of several ranks cannot be made (its AllToAll objects need
+    NVSHMEM); world size 1 can (layer_w1_without_nvshmem)."""
     md = make_model(seed or 1, 16, _device())
-    _expect_error(lambda: epkit.MoELayer(config(1, 0), **layer_weights(md, 1, 0)), "nvshmem_init")
+    _expect_error(lambda: epkit.MoELayer(config(2, 0), **layer_weights(md, 2, 0)), "nvshmem_init")
+
+
+def layer_w1_without_nvshmem(rank, world_size, seed):
+    """World size 1 in a process that never initialized NVSHMEM: every schedule and error case of
+    layer_w1, and the layer's AllToAll needs no symmetric heap."""
+    assert world_size == 1 and not epkit.nvshmem_initialized()
+    layer_w1(rank, world_size, seed)
+    cfg = config(1, 0, world_size=None, rank=None)  # defaults: world size 1 without NVSHMEM
+    layer = epkit.MoELayer(cfg, **layer_weights(make_model(seed, num_experts(1), _device()), 1, 0))
+    assert layer.device == torch.device("cuda", torch.cuda.current_device())
+    layer.destroy()
+    assert not epkit.nvshmem_initialized()

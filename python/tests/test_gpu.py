@@ -66,3 +66,9 @@ def test_nvshmem_helpers():
 def test_intranode_bootstraps_nvshmem_from_torch_distributed():
     from _cases import intranode_bootstrap
     run_ranks(intranode_bootstrap, 2, init_nvshmem=False)
+
+
+@gpu
+def test_world_size_1_without_nvshmem():
+    from _cases import world_size_1_without_nvshmem
+    run_ranks(world_size_1_without_nvshmem, 1, init_nvshmem=False)

@@ -645,7 +645,7 @@ def test_cuda_graph_ops():
 
 
 @gpu
-def test_moe_layer_needs_nvshmem():
+def test_moe_layer_of_several_ranks_needs_nvshmem():
     from _moe_cases import errors_before_init
     errors_before_init(SEED)
 
@@ -663,6 +663,14 @@ def test_moe_layer_world_size_1():
     the rows reported by check(), and bad arguments."""
     from _moe_cases import layer_w1
     _run(layer_w1, 1, SEED)
+
+
+@gpu
+def test_moe_layer_world_size_1_without_nvshmem():
+    """The same cases in a process that never calls nvshmem_init: the one-GPU user's layer."""
+    from _harness import run_ranks
+    from _moe_cases import layer_w1_without_nvshmem
+    run_ranks(layer_w1_without_nvshmem, 1, SEED, init_nvshmem=False)
 
 
 @gpu

@@ -108,7 +108,9 @@ struct MoELayer::Impl {
     if (side) cudaStreamDestroy(side);
   }
 
-  void build(const std::vector<AllToAll*>& borrowed, const Communicator* comm);
+  // owned: create the AllToAll objects, collectively over comm (nullptr at world size 1: the
+  // single-process ones, no NVSHMEM); else borrow `borrowed`.
+  void build(const std::vector<AllToAll*>& borrowed, bool owned_objects, const Communicator* comm);
   moe::GroupedGemm& gemm(Role r, int expected_m);
   Tensor expert_tensor(const Half& hf, void* p, DType t, int64_t cols) const;
   Tensor counts(const Half& hf) const { return Tensor(hf.cnt, DType::kInt32, {L}); }
@@ -133,7 +135,7 @@ struct MoELayer::Impl {
   void expect_stage(int h, int want, const char* call);
 };
 
-void MoELayer::Impl::build(const std::vector<AllToAll*>& borrowed, const Communicator* comm) {
+void MoELayer::Impl::build(const std::vector<AllToAll*>& borrowed, bool owned_objects, const Communicator* comm) {
   validate(cfg);
   check_weights(cfg, w);
   rcfg = router_config(cfg);
@@ -141,8 +143,11 @@ void MoELayer::Impl::build(const std::vector<AllToAll*>& borrowed, const Communi
   split = microbatch_split(cfg);
   acfg = all_to_all_config(cfg, split);
   L = num_local_experts(cfg);
-  if (comm) {
-    for (int h = 0; h < halves; ++h) owned.push_back(std::make_unique<AllToAll>(*comm, acfg));
+  if (owned_objects) {
+    EPKIT_CHECK(comm != nullptr || (cfg.world_size == 1 && cfg.rank == 0), "MoELayer without a Communicator is the "
+                "world-size-1 layer: world_size = ", cfg.world_size, ", rank = ", cfg.rank, " (must be 1 and 0)");
+    for (int h = 0; h < halves; ++h)
+      owned.push_back(comm ? std::make_unique<AllToAll>(*comm, acfg) : std::make_unique<AllToAll>(acfg));
     for (int h = 0; h < halves; ++h) half[h].a2a = owned[h].get();
   } else {
     EPKIT_CHECK(static_cast<int>(borrowed.size()) == halves, "MoELayer: schedule ", schedule_name(cfg.schedule),
@@ -431,14 +436,20 @@ MoELayer::MoELayer(const Communicator& comm, const MoELayerConfig& cfg, const Mo
     : impl_(std::make_unique<Impl>()) {
   impl_->cfg = cfg;
   impl_->w = weights;
-  impl_->build({}, &comm);
+  impl_->build({}, true, &comm);
+}
+
+MoELayer::MoELayer(const MoELayerConfig& cfg, const MoELayerWeights& weights) : impl_(std::make_unique<Impl>()) {
+  impl_->cfg = cfg;
+  impl_->w = weights;
+  impl_->build({}, true, nullptr);
 }
 
 MoELayer::MoELayer(const std::vector<AllToAll*>& a2a, const MoELayerConfig& cfg, const MoELayerWeights& weights)
     : impl_(std::make_unique<Impl>()) {
   impl_->cfg = cfg;
   impl_->w = weights;
-  impl_->build(a2a, nullptr);
+  impl_->build(a2a, false, nullptr);
 }
 
 MoELayer::~MoELayer() = default;

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -17,8 +18,23 @@ namespace epkit::test {
 
 #define CUDA_OK(expr) ASSERT_EQ((expr), cudaSuccess) << #expr << ": " << cudaGetErrorString(expr)
 
-// The process's Communicator, created by gpu_test_main from the epkit-run environment.
-Communicator& comm();
+// The ranks a test runs on. Normally the process's Communicator, created by gpu_test_main from the
+// epkit-run environment. With EPKIT_TEST_SINGLE_PROCESS=1 (world size 1 only) no Communicator and
+// no NVSHMEM exist at all, and the objects are the single-process ones (AllToAll(cfg),
+// MoELayer(cfg, w)): the same tests then check the world-size-1 path a one-GPU user runs.
+class TestWorld {
+ public:
+  int rank() const;
+  int world_size() const;
+  void barrier() const;
+  void allgather(const void* data, size_t n, void* out) const;
+  bool single_process() const;
+};
+const TestWorld& comm();
+// The Communicator, or null in a single-process run.
+const Communicator* communicator();
+// An AllToAll of the test's world (collective, or single-process as above).
+std::unique_ptr<AllToAll> make_all_to_all(const AllToAllConfig& cfg);
 
 // main() of every GPU test binary: initialises GoogleTest, hands the remaining arguments to
 // `parse` (may be null), exits 77 ("skipped: no GPU") without a GPU, brings up the Communicator,

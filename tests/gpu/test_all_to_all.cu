@@ -165,7 +165,8 @@ TEST(AllToAll, SweepAgainstReference) {
     for (const Shape& s : shapes) {
       ++variant;
       const AllToAllConfig cfg = make_config(s.hidden, s.topk, s.experts, payload, variant);
-      AllToAll a2a(comm(), cfg);
+      auto a2a_owner = make_all_to_all(cfg);
+  AllToAll& a2a = *a2a_owner;
       RankBuffers b;
       b.allocate(cfg, idx_type(variant));
       check_layers(a2a, cfg, b, routings, ms, variant * 1000, false, "", st, cases);
@@ -195,7 +196,8 @@ TEST(AllToAll, SmallGridsTakeUnitsInRounds) {
         AllToAllConfig cfg = make_config(s.hidden, s.topk, s.experts, variant % 2 ? DType::kFP8E4M3 : DType::kBF16,
                                          v + 3 * (variant % 2));
         cfg.num_sms = sms;
-        AllToAll a2a(comm(), cfg);
+        auto a2a_owner = make_all_to_all(cfg);
+  AllToAll& a2a = *a2a_owner;
         RankBuffers b;
         b.allocate(cfg, idx_type(variant));
         check_layers(a2a, cfg, b, routings, ms, 70000 + variant * 100, true, " num_sms=" + std::to_string(sms), st,
@@ -229,7 +231,8 @@ TEST(AllToAll, IndicesAtAnyAlignment) {
       const DType idx = idx_type(it);
       AllToAllConfig cfg = make_config(s.hidden, s.topk, s.experts, DType::kFP8E4M3, variant);
       cfg.max_tokens_per_rank = M;
-      AllToAll a2a(comm(), cfg);
+      auto a2a_owner = make_all_to_all(cfg);
+  AllToAll& a2a = *a2a_owner;
       RankBuffers b;
       b.allocate(cfg, idx);
       const int offsets = idx == DType::kInt64 ? 2 : RankBuffers::kMaxIdxOffset + 1;  // every offset mod 16 bytes
@@ -271,7 +274,8 @@ TEST(AllToAll, LargeObjectsRunDecodeCallsOnDecodeKernels) {
     // 1.5 times that plus 64 is far above the binomial spread (standard deviation ~14 there).
     if (cfg.layout == ExpertLayout::kMasked)
       cfg.capacity = M * comm().world_size() * s.topk / s.experts * 3 / 2 + 64;
-    AllToAll a2a(comm(), cfg);
+    auto a2a_owner = make_all_to_all(cfg);
+  AllToAll& a2a = *a2a_owner;
     RankBuffers b;
     b.allocate(cfg, idx_type(variant));
     check_layers(a2a, cfg, b, routings, ms, 120000 + variant * 100, false, "", st, cases, true);
@@ -283,7 +287,8 @@ TEST(AllToAll, LargeObjectsRunDecodeCallsOnDecodeKernels) {
 
 TEST(AllToAll, SplitPhasesWithForeignKernels) {
   const AllToAllConfig cfg = make_config(2048, 6, 64, DType::kFP8E4M3, 1);
-  AllToAll a2a(comm(), cfg);
+  auto a2a_owner = make_all_to_all(cfg);
+  AllToAll& a2a = *a2a_owner;
   RankBuffers b;
   b.allocate(cfg, DType::kInt32);
   DeviceBuffer scratch(64 << 20);
@@ -306,7 +311,8 @@ TEST(AllToAll, SplitPhasesWithForeignKernels) {
 
 TEST(AllToAll, GraphCaptureReplay100) {
   const AllToAllConfig cfg = make_config(2048, 6, 64, DType::kFP8E4M3, 2);
-  AllToAll a2a(comm(), cfg);
+  auto a2a_owner = make_all_to_all(cfg);
+  AllToAll& a2a = *a2a_owner;
   RankBuffers b;
   b.allocate(cfg, DType::kInt64);
   cudaStream_t st;
@@ -360,7 +366,8 @@ TEST(AllToAll, LargeCallsLookBackHistogram) {
     const bool wide = k.experts > 1024;
     if (wide && g_layout == ExpertLayout::kMasked) cfg.capacity = 1024;  // [E/W, capacity, H] stays small;
                                                                         // its routings stay far below it
-    AllToAll a2a(comm(), cfg);
+    auto a2a_owner = make_all_to_all(cfg);
+  AllToAll& a2a = *a2a_owner;
     RankBuffers b;
     b.allocate(cfg, idx_type(variant));
     const int ms[] = {1024 * g_dp, M, 1023 * g_dp, 1500 * g_dp + 1};  // at, above and below the threshold
@@ -390,7 +397,8 @@ TEST(AllToAll, DTypesChosenPerCall) {
     AllToAllConfig base = make_config(2048, 6, 64, base_payload, 0);
     base.combine_in_dtype = base.combine_out_dtype = b16;
     base.weights_at_dispatch = false;
-    AllToAll a2a(comm(), base);
+    auto a2a_owner = make_all_to_all(base);
+  AllToAll& a2a = *a2a_owner;
     const std::vector<DType> payloads = base_payload == b16 ? std::vector<DType>{b16, f16} : std::vector<DType>{base_payload};
     for (DType payload : payloads)
       for (DType in : {b16, f16})
@@ -428,7 +436,8 @@ TEST(AllToAll, OverflowIsReportedNotWritten) {
     cfg.capacity = num_dp_groups(cfg);
   }
   const int M = cfg.max_tokens_per_rank, K = cfg.topk;
-  AllToAll a2a(comm(), cfg);
+  auto a2a_owner = make_all_to_all(cfg);
+  AllToAll& a2a = *a2a_owner;
   RankBuffers b;
   b.allocate(cfg, DType::kInt32);
   cudaStream_t st;
@@ -496,7 +505,8 @@ TEST(AllToAll, OverflowIsReportedNotWritten) {
 TEST(AllToAll, LargeCallsGraphReplay) {
   AllToAllConfig cfg = make_config(128, 8, 64, DType::kFP8E4M3, 5);
   cfg.max_tokens_per_rank = 1536 * g_dp;
-  AllToAll a2a(comm(), cfg);
+  auto a2a_owner = make_all_to_all(cfg);
+  AllToAll& a2a = *a2a_owner;
   RankBuffers b;
   b.allocate(cfg, DType::kInt32);
   cudaStream_t st;
@@ -529,7 +539,8 @@ TEST(AllToAll, LargeCallsGraphReplay) {
 
 TEST(AllToAll, EightLayersWithoutHostSync) {
   const AllToAllConfig cfg = make_config(7168, 8, 256, DType::kFP8E4M3, 3);
-  AllToAll a2a(comm(), cfg);
+  auto a2a_owner = make_all_to_all(cfg);
+  AllToAll& a2a = *a2a_owner;
   constexpr int kLayers = 8;
   std::vector<RankBuffers> bufs(kLayers);
   std::vector<std::vector<GroupInputs>> inputs(kLayers);

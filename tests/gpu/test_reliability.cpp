@@ -83,7 +83,8 @@ std::string expect_error(const std::function<void()>& fn, const std::string& nee
 
 TEST(Reliability, BadHostInputThrowsAndObjectStaysUsable) {
   const AllToAllConfig cfg = small_config(1);
-  AllToAll a2a(comm(), cfg);
+  auto a2a_owner = make_all_to_all(cfg);
+  AllToAll& a2a = *a2a_owner;
   RankBuffers b;
   b.allocate(cfg, DType::kInt32);
   cudaStream_t st;
@@ -144,16 +145,19 @@ TEST(Reliability, BadConfigsAreRejectedOnEveryRank) {
   std::string problem;
   AllToAllConfig c = small_config(1);
   c.topk = 17;
-  problem = expect_error([&] { AllToAll a(comm(), c); }, "topk = 17 must be in [1, 16]");
+  problem = expect_error([&] { auto a_owner = make_all_to_all(c);
+  AllToAll& a = *a_owner; }, "topk = 17 must be in [1, 16]");
   if (problem.empty() && comm().world_size() > 1) {  // a disagreement needs two ranks
     c = small_config(1);
     c.hidden = comm().rank() == 0 ? 256 : 512;
-    problem = expect_error([&] { AllToAll a(comm(), c); }, "config mismatch on field 'hidden'");
+    problem = expect_error([&] { auto a_owner = make_all_to_all(c);
+  AllToAll& a = *a_owner; }, "config mismatch on field 'hidden'");
   }
   if (problem.empty() && comm().world_size() > 1) {  // every E is a multiple of world size 1
     c = small_config(1);
     c.num_experts = 4 * c.world_size + 1;
-    problem = expect_error([&] { AllToAll a(comm(), c); }, "must be a multiple of world_size");
+    problem = expect_error([&] { auto a_owner = make_all_to_all(c);
+  AllToAll& a = *a_owner; }, "must be a multiple of world_size");
   }
   AGREE_OR_FAIL(problem, "bad configs");
 }
@@ -166,7 +170,8 @@ TEST(Reliability, DeviceSideErrorsAreReportedNotWritten) {
   // tokens (24 entries) and 16 (64) take the two small dispatches (local.cu: tiny and scan).
   for (const int m : {6, 16}) {
     const AllToAllConfig cfg = small_config(1);
-    AllToAll a2a(comm(), cfg);
+    auto a2a_owner = make_all_to_all(cfg);
+  AllToAll& a2a = *a2a_owner;
     RankBuffers b;
     b.allocate(cfg, DType::kInt64);
     std::string problem;
@@ -194,7 +199,8 @@ TEST(Reliability, DeviceSideErrorsAreReportedNotWritten) {
   // 2) Device-side m larger than max_tokens_per_rank: clamped to M and reported.
   {
     const AllToAllConfig cfg = small_config(1);
-    AllToAll a2a(comm(), cfg);
+    auto a2a_owner = make_all_to_all(cfg);
+  AllToAll& a2a = *a2a_owner;
     RankBuffers b;
     b.allocate(cfg, DType::kInt32);
     std::string problem;
@@ -220,7 +226,8 @@ TEST(Reliability, DeviceSideErrorsAreReportedNotWritten) {
   // whose experts overflow must report it; every count must be clamped to capacity.
   {
     const AllToAllConfig cfg = small_config(1, G);
-    AllToAll a2a(comm(), cfg);
+    auto a2a_owner = make_all_to_all(cfg);
+  AllToAll& a2a = *a2a_owner;
     RankBuffers b;
     b.allocate(cfg, DType::kUInt32);
     std::string problem;
@@ -264,7 +271,8 @@ TEST(Reliability, StressAgainstReference) {
   const bool dp2_ok = comm().world_size() % 2 == 0;
   const AllToAllConfig c1 = small_config(1);
   const AllToAllConfig c2 = small_config(dp2_ok ? 2 : 1);
-  AllToAll a1(comm(), c1), a2(comm(), c2);
+  auto a1_owner = make_all_to_all(c1), a2_owner = make_all_to_all(c2);
+  AllToAll &a1 = *a1_owner, &a2 = *a2_owner;
   RankBuffers b1, b2;
   b1.allocate(c1, DType::kInt32);
   b2.allocate(c2, DType::kInt64);

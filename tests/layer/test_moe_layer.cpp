@@ -28,6 +28,12 @@
 namespace epkit::test {
 namespace {
 
+// A MoELayer of the test's world: collective, or the single-process one (EPKIT_TEST_SINGLE_PROCESS).
+std::unique_ptr<MoELayer> make_layer(const MoELayerConfig& cfg, const MoELayerWeights& w) {
+  const Communicator* c = communicator();
+  return c ? std::make_unique<MoELayer>(*c, cfg, w) : std::make_unique<MoELayer>(cfg, w);
+}
+
 int g_dp = 1;
 bool g_deepseek = false;
 
@@ -281,12 +287,12 @@ void run_case(MoESchedule sched, ExpertLayout layout, float skew, uint64_t case_
     AllToAllConfig a = all_to_all_config(cfg, microbatch_split(cfg));
     a.weights_at_dispatch = borrowed_wad == 1;
     for (int h = 0; h < (sched == MoESchedule::kMicrobatch ? 2 : 1); ++h) {
-      objects.push_back(std::make_unique<AllToAll>(comm(), a));
+      objects.push_back(make_all_to_all(a));
       borrowed.push_back(objects.back().get());
     }
   }
   std::unique_ptr<MoELayer> owner = borrowed_wad >= 0 ? std::make_unique<MoELayer>(borrowed, cfg, dm.views)
-                                                      : std::make_unique<MoELayer>(comm(), cfg, dm.views);
+                                                      : make_layer(cfg, dm.views);
   MoELayer& layer = *owner;
   const int M = cfg.max_tokens_per_rank;
   const std::vector<uint16_t> x = group_tokens(cfg, M, seed);
@@ -403,7 +409,8 @@ TEST(MoELayerBorrowed, MismatchedObjectRejected) {
   const MoELayerConfig c = base_config(MoESchedule::kNone, ExpertLayout::kMasked);
   AllToAllConfig a = all_to_all_config(c, microbatch_split(c));
   a.max_tokens_per_rank += 1;
-  AllToAll obj(comm(), a);
+  auto obj_owner = make_all_to_all(a);
+  AllToAll& obj = *obj_owner;
   Model md = make_model(c, 2, 0.f);
   DeviceModel dm;
   make_device_model(md, dm);
@@ -426,7 +433,8 @@ TEST(MoELayerConfigChecks, BadConfigRejectedBeforeLaunch) {
   MoELayerWeights w = dm.views;
   w.w2.shape[1] += 1;
   try {
-    MoELayer layer(comm(), c, w);
+    auto layer_owner = make_layer(c, w);
+    MoELayer& layer = *layer_owner;
     ADD_FAILURE() << "a w2 of the wrong shape was accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("w2"), std::string::npos) << e.what();

@@ -72,7 +72,12 @@ struct AllToAll::Impl {
   Next next = Next::kDispatchSend;
   host::LayerDTypes layer{};  // the dtypes the send halves of the layer in flight took from their tensors
   bool dead = false;
+  bool single_process = false;  // world size 1 without a Communicator: no NVSHMEM anywhere
   cudaStream_t aux = nullptr;
+
+  template <typename Alloc, typename PeerOf>
+  void setup(bool every_rank_p2p, Alloc alloc_sym, PeerOf peer_of);
+  void set_shapes();
 
   // Raises a recorded device error. Recoverable ones (capacity, bad index, m clamped) are raised
   // only where this rank has launched the whole layer (after combine's launch, or from check()):
@@ -140,6 +145,48 @@ void AllToAll::Impl::raise_pending(bool recoverable_too) {
   throw Error(os.str());
 }
 
+// Allocates and zeroes the buffers (the symmetric region through `alloc_sym`), and builds the
+// kernels' parameters with each rank's address of our symmetric base (`peer_of`, null: no P2P).
+template <typename Alloc, typename PeerOf>
+void AllToAll::Impl::setup(bool every_rank_p2p, Alloc alloc_sym, PeerOf peer_of) {
+  sym_layout = SymmetricLayout::make(cfg, every_rank_p2p);
+  ws_layout = WorkspaceLayout::make(cfg);
+  sym = alloc_sym(sym_layout.total_bytes);
+  EPKIT_CUDA_CHECK(cudaMemset(sym, 0, sym_layout.total_bytes));
+  EPKIT_CUDA_CHECK(cudaMalloc(&ws, ws_layout.total_bytes));
+  EPKIT_CUDA_CHECK(cudaMemset(ws, 0, ws_layout.total_bytes));
+  {  // DeviceState::seq is the next call's sequence number: 1 (zeroed buffers carry no call's tag)
+    const uint64_t first_seq = 1;
+    EPKIT_CUDA_CHECK(cudaMemcpy(ws + ws_layout.state + offsetof(kernels::DeviceState, seq), &first_seq,
+                                sizeof(first_seq), cudaMemcpyHostToDevice));
+  }
+  EPKIT_CUDA_CHECK(cudaHostAlloc(&err_host, sizeof(ErrorRecord), cudaHostAllocMapped));
+  std::memset(static_cast<void*>(err_host), 0, sizeof(ErrorRecord));
+  EPKIT_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&err_dev), err_host, 0));
+  EPKIT_CUDA_CHECK(cudaStreamCreateWithFlags(&aux, cudaStreamNonBlocking));
+  std::vector<uint8_t*> peers(cfg.world_size, nullptr);
+  for (int r = 0; r < cfg.world_size; ++r) {
+    peers[r] = peer_of(r);
+    if (peers[r] && r != cfg.rank) ++p2p_peers;
+  }
+  EPKIT_CUDA_CHECK(cudaMemcpy(ws + ws_layout.peer_bases, peers.data(), peers.size() * sizeof(uint8_t*),
+                              cudaMemcpyHostToDevice));
+  params = host::make_comm_params(cfg, sym_layout, ws_layout, {sym, ws, peers, err_dev});
+}
+
+// The grids of every call: one block per SM at most (the fused kernels spin-wait, so every block
+// must be resident), fewer when the largest possible call has less work (host::object_shapes).
+void AllToAll::Impl::set_shapes() {
+  int dev = 0, sms = 0;
+  EPKIT_CUDA_CHECK(cudaGetDevice(&dev));
+  EPKIT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  const int max_blocks = std::min({cfg.num_sms > 0 ? cfg.num_sms : sms, sms, kMaxGridBlocks});
+  const host::ObjectShapes shapes = host::object_shapes(params, max_blocks, local);
+  dispatch_shape = shapes.dispatch;
+  combine_shape = shapes.combine;
+  params.local_piece_chunks = shapes.local_piece_chunks;
+}
+
 AllToAll::AllToAll(const Communicator& comm, const AllToAllConfig& cfg_in) : impl_(std::make_unique<Impl>()) {
   Impl& I = *impl_;
   I.cfg = cfg_in;
@@ -190,53 +237,47 @@ AllToAll::AllToAll(const Communicator& comm, const AllToAllConfig& cfg_in) : imp
     comm.allgather(&mine, sizeof(mine), all.data());
     for (int32_t v : all) every_rank_p2p = every_rank_p2p && v != 0;
   }
-  I.sym_layout = SymmetricLayout::make(cfg, every_rank_p2p);
-  I.ws_layout = WorkspaceLayout::make(cfg);
-  I.sym = static_cast<uint8_t*>(comm.symmetric_malloc(I.sym_layout.total_bytes));
-  EPKIT_CUDA_CHECK(cudaMemset(I.sym, 0, I.sym_layout.total_bytes));
-  EPKIT_CUDA_CHECK(cudaMalloc(&I.ws, I.ws_layout.total_bytes));
-  EPKIT_CUDA_CHECK(cudaMemset(I.ws, 0, I.ws_layout.total_bytes));
-  {  // DeviceState::seq is the next call's sequence number: 1 (zeroed buffers carry no call's tag)
-    const uint64_t first_seq = 1;
-    EPKIT_CUDA_CHECK(cudaMemcpy(I.ws + I.ws_layout.state + offsetof(kernels::DeviceState, seq), &first_seq,
-                                sizeof(first_seq), cudaMemcpyHostToDevice));
-  }
-  EPKIT_CUDA_CHECK(cudaHostAlloc(&I.err_host, sizeof(ErrorRecord), cudaHostAllocMapped));
-  std::memset(static_cast<void*>(I.err_host), 0, sizeof(ErrorRecord));
-  EPKIT_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&I.err_dev), I.err_host, 0));
-  EPKIT_CUDA_CHECK(cudaStreamCreateWithFlags(&I.aux, cudaStreamNonBlocking));
-
-  std::vector<uint8_t*> peers(cfg.world_size, nullptr);
-  for (int r = 0; r < cfg.world_size; ++r) {
-    if (cfg.path == DataPath::kPortable) break;
-    peers[r] = static_cast<uint8_t*>(nvshmem_ptr(I.sym, r));
-    if (peers[r] && r != cfg.rank) ++I.p2p_peers;
-  }
-  EPKIT_CUDA_CHECK(cudaMemcpy(I.ws + I.ws_layout.peer_bases, peers.data(), peers.size() * sizeof(uint8_t*),
-                              cudaMemcpyHostToDevice));
-  I.params = host::make_comm_params(cfg, I.sym_layout, I.ws_layout, {I.sym, I.ws, peers, I.err_dev});
+  I.setup(every_rank_p2p, [&](size_t bytes) { return static_cast<uint8_t*>(comm.symmetric_malloc(bytes)); },
+          [&](int r) { return cfg.path == DataPath::kPortable ? nullptr : static_cast<uint8_t*>(nvshmem_ptr(I.sym, r)); });
   EPKIT_CHECK(I.params.all_p2p == (maps_all ? 1 : 0), "rank ", cfg.rank, ": nvshmem_ptr ",
               maps_all ? "lost" : "found", " a peer mapping between the control block and this object's buffers");
-
-  // One block per SM at most: the fused kernels spin-wait, so every block must be resident. Fewer
-  // when the largest possible call has less work than that (host::object_shapes).
-  int dev = 0, sms = 0;
-  EPKIT_CUDA_CHECK(cudaGetDevice(&dev));
-  EPKIT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  const int max_blocks = std::min({cfg.num_sms > 0 ? cfg.num_sms : sms, sms, kMaxGridBlocks});
   I.local = cfg.world_size == 1 && local_kernels_enabled();
-  const host::ObjectShapes shapes = host::object_shapes(I.params, max_blocks, I.local);
-  I.dispatch_shape = shapes.dispatch;
-  I.combine_shape = shapes.combine;
-  I.params.local_piece_chunks = shapes.local_piece_chunks;
+  I.set_shapes();
   EPKIT_CUDA_CHECK(cudaDeviceSynchronize());
   comm.barrier();  // every rank's buffers are zeroed before any peer writes into them
+}
+
+AllToAll::AllToAll(const AllToAllConfig& cfg_in) : impl_(std::make_unique<Impl>()) {
+  Impl& I = *impl_;
+  I.cfg = cfg_in;
+  const AllToAllConfig& cfg = I.cfg;
+  EPKIT_CHECK(cfg.world_size == 1 && cfg.rank == 0, "AllToAll without a Communicator is the world-size-1 path: "
+              "world_size = ", cfg.world_size, ", rank = ", cfg.rank, " (must be 1 and 0; other world sizes "
+              "need a Communicator)");
+  validate(cfg);
+  (void)resolved_timeout_ms(cfg);
+  I.layer = host::config_dtypes(cfg);
+  I.single_process = true;
+  // No peer and no NVSHMEM: the "symmetric" region (the split halves' staging) is plain device memory.
+  I.setup(true,
+          [](size_t bytes) {
+            uint8_t* p = nullptr;
+            EPKIT_CUDA_CHECK(cudaMalloc(&p, bytes));
+            return p;
+          },
+          [&](int) { return I.sym; });
+  I.local = true;
+  I.set_shapes();
+  EPKIT_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
 AllToAll::~AllToAll() {
   if (!impl_) return;
   Impl& I = *impl_;
-  if (!I.dead && !peers_unreachable()) {
+  if (I.single_process) {
+    cudaDeviceSynchronize();
+    cudaFree(I.sym);
+  } else if (!I.dead && !peers_unreachable()) {
     cudaDeviceSynchronize();
     try {
       transport::control_barrier();  // no peer may still write into our buffers when we free them
