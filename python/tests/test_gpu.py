@@ -68,7 +68,7 @@ def test_intranode_bootstraps_nvshmem_from_torch_distributed():
     run_ranks(intranode_bootstrap, 2, init_nvshmem=False)
 
 
-@gpu
 def test_world_size_1_without_nvshmem():
+    """The native API at world size 1 in a process that never calls nvshmem_init."""
     from _cases import world_size_1_without_nvshmem
     run_ranks(world_size_1_without_nvshmem, 1, init_nvshmem=False)
