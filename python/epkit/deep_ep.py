@@ -522,6 +522,9 @@ class Buffer:
         w = torch.zeros((m, k), dtype=torch.float32, device=self.device)
         out = slot.buffer("flush_out", (cfg.max_tokens_per_rank, cfg.hidden), BF16, self.device)
         ata._combine(_BOTH, y, slot.topk_idx, w, m, out[:m])
+        # The object's next call may run on another stream (the comm stream): it must wait for this
+        # combine, which reads the buffers that call overwrites.
+        slot.mark_tail(stream)
         slot.state = _FREE
         slot.serial += 1
         slot.topk_idx = None
@@ -724,6 +727,7 @@ class Buffer:
         y = slot.expert_y(self.device)
         out = slot.buffer("flush_out", (cfg.max_tokens_per_rank, cfg.hidden), BF16, self.device)
         ata._combine(_BOTH, y, slot.topk_idx, None, slot.m, out[:slot.m])
+        slot.mark_tail(stream)  # as in _ll_flush: the next call may run on the comm stream
         slot.state = _FREE
         slot.serial += 1
         slot.topk_idx = slot.weights = None
