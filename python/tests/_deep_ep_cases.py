@@ -65,6 +65,11 @@ class GpuEnv:
         import epkit
         return epkit.silu_mul_quantize(h, counts)
 
+    def quantize(self, x):
+        import epkit
+        q = epkit.quantize(x)
+        return q.q, q.scale
+
     def group(self):
         return self.dist.group.WORLD
 
@@ -107,6 +112,9 @@ class HostEnv:
             if n:
                 q[g, :n], sc[g, :n] = R.silu_mul_quantize(h[g, :n])
         return q, sc
+
+    def quantize(self, x):
+        return R.quantize(x)
 
     def group(self):
         return None
@@ -853,8 +861,8 @@ def error_cases(env, rank: int, W: int, seed: int):
 def sglang_low_latency_cases(env, rank: int, W: int, seed: int):
     """As SGLang's DeepEPDispatcher drives low-latency mode: dispatch (fp8, a receive hook), the expert
     MLP over the masked layout (grouped GEMM w13, SiLU-mul + fp8 quantization, grouped GEMM w2, as
-    DeepGEMM's masked GEMM would run it), combine with the router weights, against a torch composition
-    of the same math (test_moe.py's layer tolerance: 1e-2 Frobenius, 3e-2 per row)."""
+    DeepGEMM's masked GEMM would run it), combine with the router weights, against the same expert ops
+    run on the sender's own tokens and a float64 weighted sum (combine's two bf16 roundings)."""
     dep = env.dep
     E, H, I, K, M = 4 * W, 512, 256, 4, 16
     L = E // W
@@ -869,7 +877,6 @@ def sglang_low_latency_cases(env, rank: int, W: int, seed: int):
     lw2q, lw2s = w2q[mine].contiguous().to(dev), w2s[mine].contiguous().to(dev)
     buf = env.buffer(num_nvl_bytes=0, num_rdma_bytes=dep.Buffer.get_low_latency_rdma_size_hint(M, H, W, E),
                      low_latency_mode=True, num_qps_per_rank=L)
-    deq13, deq2 = {}, {}
     for rnd in range(3):
         tag = f"SGLang LL W={W} rank={rank} round={rnd} seed={seed}"
         gr = _gen(seed, 72, rnd, rank)
@@ -894,25 +901,43 @@ def sglang_low_latency_cases(env, rank: int, W: int, seed: int):
         hook()
         env.sync()
         buf.check()
-        # reference: the same math in float64 on this rank's tokens
-        q, s = R.quantize(x)
-        xd = R.dequant_rows(q, s)
-        ref = torch.zeros(m, H, dtype=torch.float64)
-        for t in range(m):
-            for k in range(K):
-                e = int(idx[t, k])
-                if e not in deq13:
-                    deq13[e] = R.dequant_weight(w13q[e], w13s[e])
-                    deq2[e] = R.dequant_weight(w2q[e], w2s[e])
-                hh = (xd[t:t + 1] @ deq13[e].T).to(BF16)
-                aq, a_sc = R.silu_mul_quantize(hh)
-                yy = (R.dequant_rows(aq, a_sc) @ deq2[e].T).to(BF16).double()
-                ref[t] += float(w[t, k]) * yy[0]
+        # Reference: this rank's own tokens through the same expert ops (epkit's, tested against their own
+        # references in test_moe.py) on a masked batch of every expert they picked, with the same
+        # expected_m, and the router-weighted sum in float64. What this test checks is the DeepEP API's
+        # dispatch and combine around the experts, so the expert outputs agree bit for bit and the only
+        # difference left is combine's rounding: each rank's partial and the output are rounded to bf16
+        # (2^-8 relative each), bounded by 2 * 2^-8 of sum_k |w * y| per element (1% slack).
+        xq_all, xs_all = env.quantize(x.to(dev))
+        picked = idx.reshape(-1)
+        cnt = torch.bincount(picked, minlength=E)
+        capr = max(int(cnt.max()), 1)
+        slot = torch.zeros(m * K, dtype=torch.int64)
+        seen = [0] * E
+        for i, e in enumerate(picked.tolist()):
+            slot[i] = seen[e]
+            seen[e] += 1
+        tok = torch.arange(m).repeat_interleave(K)
+        ax = torch.zeros(E, capr, H, dtype=torch.uint8, device=dev)
+        axs = torch.ones(E, capr, H // 128, dtype=torch.float32, device=dev)
+        ax[picked.to(dev), slot.to(dev)] = xq_all.view(torch.uint8)[tok.to(dev)]
+        axs[picked.to(dev), slot.to(dev)] = xs_all[tok.to(dev)]
+        cnt_d = cnt.to(torch.int32).to(dev)
+        w13_all, w13s_all = w13q.to(dev), w13s.to(dev)
+        w2_all, w2s_all = w2q.to(dev), w2s.to(dev)
+        hr = env.grouped_gemm(ax.view(FP8), axs, w13_all, w13s_all, cnt_d, expected_m=expected_m)
+        ar, ars = env.silu_mul_quantize(hr, cnt_d)
+        yr = env.grouped_gemm(ar, ars, w2_all, w2s_all, cnt_d, expected_m=expected_m)
+        env.sync()
+        terms = w.reshape(-1, 1).double() * yr.cpu()[picked, slot].double()
+        ref = terms.view(m, K, H).sum(1)
+        mag = terms.abs().view(m, K, H).sum(1)
         got = combined.cpu().double()
-        fro = float((got - ref).norm() / ref.norm().clamp_min(1e-12))
-        assert fro < 1e-2, f"{tag}: Frobenius relative error {fro:.3g}"
-        row = ((got - ref).norm(dim=1) / ref.norm(dim=1).clamp_min(1e-12)).max()
-        assert float(row) < 3e-2, f"{tag}: worst row relative error {float(row):.3g}"
+        assert torch.isfinite(got).all(), f"{tag}: non-finite output"
+        err = (got - ref).abs()
+        bound = 2 * 2.0 ** -8 * 1.01 * mag + 1e-6
+        bad = err > bound
+        assert not bad.any(), (f"{tag}: {int(bad.sum())} of {bad.numel()} elements off by more than combine's two bf16 "
+                               f"roundings (worst {float((err / mag.clamp_min(1e-12)).max()):.3g} of sum|w*y|)")
         env.barrier()
 
 
