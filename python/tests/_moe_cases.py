@@ -19,6 +19,8 @@ below (tests/layer/test_moe_layer.cu states the same tolerance, against the same
 import math
 from typing import Dict, Optional
 
+import dataclasses
+
 import torch
 
 import _moe_reference as R
@@ -342,7 +344,7 @@ def layer_w1_without_nvshmem(rank, world_size, seed):
     layer_w1, and the layer's AllToAll needs no symmetric heap."""
     assert world_size == 1 and not epkit.nvshmem_initialized()
     layer_w1(rank, world_size, seed)
-    cfg = config(1, 0, world_size=None, rank=None)  # defaults: world size 1 without NVSHMEM
+    cfg = dataclasses.replace(config(1, 0), world_size=None, rank=None)  # defaults: world size 1 without NVSHMEM
     layer = epkit.MoELayer(cfg, **layer_weights(make_model(seed, num_experts(1), _device()), 1, 0))
     assert layer.device == torch.device("cuda", torch.cuda.current_device())
     layer.destroy()

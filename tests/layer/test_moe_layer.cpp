@@ -217,7 +217,18 @@ std::string check_forward(MoELayer& layer, const Model& md, const std::vector<ui
     for (int i = 0; i < H; ++i) {
       const size_t k = static_cast<size_t>(t) * H + i;
       const float got = ref::bf16_to_float(out[k]);
-      if (!std::isfinite(got)) return "out[" + std::to_string(t) + "][" + std::to_string(i) + "] is not finite";
+      if (!std::isfinite(got)) {
+        // Which rows were left unwritten tells the schedule's halves apart.
+        int unwritten = 0, first = -1, last = -1;
+        for (int r = 0; r < m; ++r)
+          if (!std::isfinite(ref::bf16_to_float(out[static_cast<size_t>(r) * H]))) {
+            ++unwritten, last = r;
+            if (first < 0) first = r;
+          }
+        return "out[" + std::to_string(t) + "][" + std::to_string(i) + "] is not finite (" + std::to_string(unwritten) +
+               " of " + std::to_string(m) + " rows unwritten, rows " + std::to_string(first) + ".." +
+               std::to_string(last) + ")";
+      }
       e2 += (got - want[k]) * static_cast<double>(got - want[k]);
       m2 += static_cast<double>(mag[k]) * mag[k];
     }
