@@ -61,6 +61,7 @@ RouterMode = _C.RouterMode
 MoESchedule = _C.MoESchedule
 
 __version__ = _C.__version__  # VERSION, stamped into the extension at build time
+git_commit = _C.git_commit  # the commit the extension was built from ("+dirty" when tracked files differed)
 
 __all__ = [
     "AllToAll",

@@ -10,7 +10,7 @@ namespace nb = nanobind;
 NB_MODULE(_C, m) {
   m.doc() = "epkit C++ bindings (use the epkit package, not this module)";
   m.attr("__version__") = EPKIT_VERSION_STRING;  // the one version source: VERSION, via CMake
-  m.attr("git_commit") = EPKIT_GIT_COMMIT;
+  m.attr("git_commit") = epkit::git_commit();
   // A RuntimeError subclass, so callers catching RuntimeError (as for pplx-kernels) still work.
   // The type object is created once and deliberately never released: the translator may run in
   // any later call, including during interpreter shutdown.

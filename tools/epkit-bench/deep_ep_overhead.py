@@ -27,7 +27,7 @@ run one low-latency pair at the EP8 decode configuration (128 tokens per rank, H
 and report the NVSHMEM symmetric bytes its AllToAll holds against DeepEP's
 get_low_latency_rdma_size_hint for the same configuration (DeepEP V1's formula, csrc/config.hpp).
 
-The JSON carries the date, the commit (EPKIT_COMMIT, else git), the GPU and this method.
+The JSON carries the date, the commit the epkit extension was built from, the GPU and this method.
 """
 
 import argparse
@@ -36,7 +36,6 @@ import json
 import os
 import socket
 import statistics
-import subprocess
 import sys
 import time
 
@@ -55,16 +54,8 @@ def _free_port():
 
 
 def _commit():
-    c = os.environ.get("EPKIT_COMMIT")
-    if c:
-        return c
-    try:
-        here = os.path.dirname(os.path.abspath(__file__))
-        c = subprocess.check_output(["git", "-C", here, "rev-parse", "--short", "HEAD"], text=True).strip()
-        dirty = subprocess.check_output(["git", "-C", here, "status", "--porcelain", "--untracked-files=no"], text=True)
-        return c + ("-dirty" if dirty.strip() else "")
-    except Exception:  # noqa: BLE001 - no git where the tree was copied to
-        return "unknown"
+    import epkit
+    return epkit.git_commit  # the commit the extension was built from
 
 
 def _init(rank, world_size, port, bootstrap):

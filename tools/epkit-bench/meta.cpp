@@ -11,13 +11,8 @@
 #include <sstream>
 
 #include "epkit/diagnostics.hpp"
+#include "epkit/version.hpp"
 
-#ifndef EPKIT_BENCH_GIT_COMMIT
-#define EPKIT_BENCH_GIT_COMMIT "unknown"
-#endif
-#ifndef EPKIT_BENCH_SOURCE_DIR
-#define EPKIT_BENCH_SOURCE_DIR "."
-#endif
 
 namespace epkit::bench {
 
@@ -47,21 +42,6 @@ std::string env_or(const char* name, const char* fallback) {
 
 }  // namespace
 
-std::string git_commit() {
-  // A copy of the tree without git history (a copy on a remote GPU machine) can be told its commit.
-  if (const char* c = std::getenv("EPKIT_COMMIT"); c && *c) return c;
-  const std::string cmd = std::string("git -C '") + EPKIT_BENCH_SOURCE_DIR + "' rev-parse HEAD 2>/dev/null";
-  if (FILE* p = popen(cmd.c_str(), "r")) {
-    char buf[128] = {};
-    const bool got = std::fgets(buf, sizeof buf, p) != nullptr;
-    const int rc = pclose(p);
-    std::string s = got ? buf : "";
-    while (!s.empty() && (s.back() == '\n' || s.back() == '\r')) s.pop_back();
-    if (rc == 0 && s.size() == 40) return s;
-  }
-  return EPKIT_BENCH_GIT_COMMIT;
-}
-
 std::vector<std::pair<std::string, std::string>> collect_meta(const Communicator& comm, const std::string& nccl_version,
                                                               const std::vector<std::string>& argv) {
   std::vector<std::pair<std::string, std::string>> m;
@@ -86,7 +66,7 @@ std::vector<std::pair<std::string, std::string>> collect_meta(const Communicator
   m.emplace_back("cuda_runtime", cuda_version_string(runtime));
   m.emplace_back("nvshmem", probes::nvshmem_version());
   m.emplace_back("nccl", nccl_version);
-  m.emplace_back("git_commit", git_commit());
+  m.emplace_back("git_commit", epkit::git_commit());
   m.emplace_back("date", date);
   m.emplace_back("host", host);
   m.emplace_back("world_size", std::to_string(comm.world_size()));

@@ -14,8 +14,4 @@ namespace epkit::bench {
 std::vector<std::pair<std::string, std::string>> collect_meta(const Communicator& comm, const std::string& nccl_version,
                                                               const std::vector<std::string>& argv);
 
-// The commit of the source tree: `git rev-parse HEAD` in the source directory at run time, else the
-// configure-time commit compiled in, else "unknown".
-std::string git_commit();
-
 }  // namespace epkit::bench

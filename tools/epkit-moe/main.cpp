@@ -12,13 +12,10 @@
 #include "bench_core.hpp"
 #include "ceilings.hpp"
 #include "epkit/error.hpp"
+#include "epkit/version.hpp"
 #include "gpu_util.hpp"
 #include "kernels_bench.hpp"
 #include "layer_bench.hpp"
-
-#ifndef EPKIT_MOE_GIT_COMMIT
-#define EPKIT_MOE_GIT_COMMIT "unknown"
-#endif
 
 namespace epkit::moebench {
 namespace {
@@ -34,10 +31,9 @@ plan::Json meta_json(const std::vector<std::string>& argv) {
   const std::time_t now = std::time(nullptr);
   char date[32];
   std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
-  const char* commit = std::getenv("EPKIT_COMMIT");
   std::string cmd;
   for (const auto& a : argv) cmd += (cmd.empty() ? "" : " ") + a;
-  m.set("date_utc", date).set("commit", commit && *commit ? commit : EPKIT_MOE_GIT_COMMIT);
+  m.set("date_utc", date).set("commit", epkit::git_commit());
   m.set("device", p.name).set("sms", p.multiProcessorCount).set("l2_bytes", p.l2CacheSize);
   m.set("hbm_bytes", static_cast<double>(p.totalGlobalMem));
   m.set("cuda_driver", driver).set("cuda_runtime", runtime).set("command", cmd);
