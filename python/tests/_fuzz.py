@@ -1186,7 +1186,7 @@ def cpu_strategy(st):
                     ints=d(st.lists(st.integers(-3, 600), min_size=8, max_size=8)),
                     text=d(st.sampled_from(["masked", "packed", "none", "microbatch", "grouped_topk", "softmax_topk",
                                             "bogus", "auto", "portable"])),
-                    seed=d(st.integers(0, 2**31 - 1)))
+                    plausible=d(st.booleans()), seed=d(st.integers(0, 2**31 - 1)))
     return draw()
 
 
@@ -1197,8 +1197,17 @@ def fuzz_cpu(c: dict) -> None:
     """Every call with CPU tensors or random config values raises EpkitError (naming an argument or a
     field where the message is about one) and nothing else: no crash, no TypeError from the bindings."""
     t = torch.zeros(c["rows"], c["cols"], dtype=_CPU_DT[c["dtype"]])
-    i = c["ints"]
+    i = list(c["ints"])
     api = c["api"]
+    if c.get("plausible"):  # values near valid configs, so that the valid path is taken too
+        import random as _random
+        rnd = _random.Random(c["seed"])
+        if api == "MoELayerConfig":
+            i = [rnd.choice([128, 512, 7168]), rnd.choice([128, 256, 2048]), rnd.choice([8, 16, 64, 256]),
+                 rnd.choice([1, 2, 4, 8]), rnd.choice([1, 2, 24, 256]), rnd.choice([1, 2, 4, 8]), rnd.choice([1, 2, 4]), 0]
+        else:
+            i = [rnd.choice([8, 16, 64, 256]), rnd.choice([1, 2, 4, 8]), rnd.choice([128, 1088, 7168]),
+                 rnd.choice([1, 8, 128]), 1, 0, 1, 0]
     names: Sequence[str] = ()
     if api == "route":
         fn = lambda: epkit.route(t, num_experts=max(1, i[0]), topk=i[1])  # noqa: E731
