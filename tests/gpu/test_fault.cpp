@@ -92,7 +92,9 @@ int run_all_to_all(const Communicator& comm, const Mode& mode, const char* mode_
 }
 
 int run_layer(const Communicator& comm, const Mode& mode, const char* mode_name, int victim) {
-  const MoELayerConfig cfg = base_config(MoESchedule::kDispatchOverlap, ExpertLayout::kPacked, false, 1);
+  // test_fault has its own main (no TestWorld): the world comes from the Communicator.
+  const MoELayerConfig cfg =
+      base_config(MoESchedule::kDispatchOverlap, ExpertLayout::kPacked, false, 1, comm.world_size(), comm.rank());
   const Model md = make_model(cfg, case_seed(7), 0.f);
   DeviceModel dm;
   make_device_model(md, dm);

@@ -182,10 +182,10 @@ std::string check_forward(MoELayer& layer, const Model& md, const std::vector<ui
   return "";
 }
 
-MoELayerConfig base_config(MoESchedule sched, ExpertLayout layout, bool deepseek, int dp) {
+MoELayerConfig base_config(MoESchedule sched, ExpertLayout layout, bool deepseek, int dp, int world_size, int rank) {
   MoELayerConfig c;
   if (deepseek) {
-    c.hidden = 7168, c.intermediate = 2048, c.num_experts = 8 * comm().world_size(), c.topk = 4;
+    c.hidden = 7168, c.intermediate = 2048, c.num_experts = 8 * world_size, c.topk = 4;
     c.num_groups = 4, c.topk_groups = 2, c.routed_scaling = 2.5f, c.shared_intermediate = 2048;
     c.max_tokens_per_rank = 6;
   } else {
@@ -195,7 +195,7 @@ MoELayerConfig base_config(MoESchedule sched, ExpertLayout layout, bool deepseek
   }
   c.router_mode = moe::RouterMode::kGroupedTopK;
   c.num_shared_experts = 1;
-  c.world_size = comm().world_size(), c.rank = comm().rank(), c.dp_size = dp;
+  c.world_size = world_size, c.rank = rank, c.dp_size = dp;
   c.schedule = sched;
   c.layout = layout;
   return c;

@@ -45,8 +45,8 @@ struct DeviceModel {
 void make_device_model(const Model& md, DeviceModel& d);
 
 // The test shapes (H 512, I 256, E 16, K 4, M 24, grouped top-k 4/2, one shared expert) or, with
-// deepseek, DeepSeek-V3's H and I (7168, 2048; 8 experts per rank, M 6), at the test world's size.
-MoELayerConfig base_config(MoESchedule sched, ExpertLayout layout, bool deepseek, int dp);
+// deepseek, DeepSeek-V3's H and I (7168, 2048; 8 experts per rank, M 6), as rank `rank` of `world_size`.
+MoELayerConfig base_config(MoESchedule sched, ExpertLayout layout, bool deepseek, int dp, int world_size, int rank);
 
 // The tokens of this rank's DP group (identical on the group's ranks): [rows, H] bf16 bits.
 std::vector<uint16_t> group_tokens(const MoELayerConfig& c, int rows, uint64_t seed);

@@ -86,7 +86,7 @@ TEST(MoELayerSoak, ForwardAfterForward) {
     for (ExpertLayout layout : {ExpertLayout::kMasked, ExpertLayout::kPacked}) {
       auto c = std::make_unique<LayerCase>();
       c->sched = sched, c->layout = layout;
-      const MoELayerConfig cfg = base_config(sched, layout, false, g_dp);
+      const MoELayerConfig cfg = base_config(sched, layout, false, g_dp, W, rank);
       c->md = std::make_unique<Model>(make_model(cfg, case_seed(10 + cases.size()), 0.f));
       make_device_model(*c->md, c->dm);
       c->layer = make_layer(cfg, c->dm.views);

@@ -32,7 +32,7 @@ bool g_deepseek = false;
 bool g_quick = false;  // --quick: fewer m per case (the sanitizer runs)
 
 MoELayerConfig base_config(MoESchedule sched, ExpertLayout layout) {
-  return epkit::test::base_config(sched, layout, g_deepseek, g_dp);
+  return epkit::test::base_config(sched, layout, g_deepseek, g_dp, comm().world_size(), comm().rank());
 }
 
 // One layer object, checked for host m in `host_ms`, then inside one captured graph (device m)
