@@ -142,8 +142,10 @@ TEST(MoELayerSoak, ForwardAfterForward) {
     }
   };
 
-  // Warm-up: every layer in every mode (the graphs are captured here), checked; then the baseline.
+  // Warm-up: every layer in every mode (the graphs are captured here) and at every m (a first call at
+  // an m may set things up, e.g. the gate GEMM's cuBLASLt choice), checked at M; then the baseline.
   for (auto& c : cases) {
+    for (int m = 0; m < M; ++m) iterate(*c, 0, m, case_seed(499) + group, false);
     iterate(*c, 0, M, case_seed(500) + group, true);
     CUDA_OK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
     c->layer->forward(batch(*c, 1, 0), st);
