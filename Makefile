@@ -8,7 +8,7 @@ NGPUS := $(shell nvidia-smi -L 2>/dev/null | grep -c '^GPU')
 # the timings then mean nothing (the table says so).
 NRANKS ?= $(NGPUS)
 
-.PHONY: all deps configure build test test-cpu test-gpu stress bench clean
+.PHONY: all deps configure build test test-cpu test-gpu stress sanitize soak bench clean
 
 all: build
 
@@ -28,9 +28,26 @@ test: build
 	@bash scripts/run-tests.sh $(BUILD)
 
 # The long runs `make test` leaves out (ctest label stress, pytest marker stress): the 10,000-iteration
-# stress test, world size 8 in full, the benchmark with full samples. Needs a GPU; takes longer.
+# stress test, world size 8 in full, the benchmark with full samples, the other fault scenarios, a
+# one-minute soak per world size, the long Python fuzz. Needs a GPU; takes longer.
 stress: build
 	@bash scripts/run-tests.sh $(BUILD) --stress
+
+# compute-sanitizer (memcheck, racecheck, synccheck) over reduced cases of every kernel family, on one
+# GPU within SANITIZE_BUDGET_S (default 600 s): one summary line per tool, logs and summary.json in
+# $(BUILD)/sanitize. A subset: make sanitize SANITIZE_TOOLS=racecheck SANITIZE_FAMILIES="gemm layer".
+# What each family runs, and how racecheck's findings are classified: scripts/sanitize.sh.
+SANITIZE_TOOLS ?= memcheck synccheck racecheck
+sanitize: build
+	@bash scripts/sanitize.sh $(BUILD) $(SANITIZE_TOOLS)
+
+# The MoE layer forward after forward at world size 1 and 2 (two PEs on one GPU), SOAK_MINUTES in all
+# (default 10), every SOAK_CHECK_EVERY-th output against the host reference; report in
+# $(BUILD)/soak/report.json. make soak SOAK_MINUTES=60 for a long one.
+SOAK_MINUTES ?= 10
+SOAK_CHECK_EVERY ?= 8
+soak: build
+	@SOAK_MINUTES=$(SOAK_MINUTES) SOAK_CHECK_EVERY=$(SOAK_CHECK_EVERY) bash scripts/soak.sh $(BUILD)
 
 test-cpu: build
 	cd $(BUILD) && ctest -L cpu --output-on-failure

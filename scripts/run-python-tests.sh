@@ -22,6 +22,8 @@ echo "== Python suite $*"
 # bootstrap), which overlaps well.
 par=()
 python3 -c "import xdist" >/dev/null 2>&1 && [ "${EPKIT_PY_TEST_JOBS:-3}" -gt 1 ] && par=(-n "${EPKIT_PY_TEST_JOBS:-3}" --dist loadgroup)
+# The fuzzer's outcomes (test_fuzz.py) are merged into $BUILD/fuzz/fuzz-report.json.
+export EPKIT_FUZZ_REPORT_DIR=${EPKIT_FUZZ_REPORT_DIR:-$(cd "$BUILD" && pwd)/fuzz}
 PYTHONFAULTHANDLER=1 NVSHMEM_DISABLE_NVLS=1 NCCL_NVLS_ENABLE=0 PYTHONPATH="$BUILD/python${PYTHONPATH:+:$PYTHONPATH}" \
   python3 -m pytest -q -rs --durations=0 "${par[@]}" python/tests "$@"
 rc=$?

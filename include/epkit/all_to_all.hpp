@@ -93,6 +93,9 @@ class AllToAll {
   // Raises epkit::Error if a kernel recorded an error (timeout, capacity or packed-rows overflow, bad index, m > M).
   // Does not synchronise: call after cudaStreamSynchronize to see the errors of finished work.
   void check() const;
+  // True once a device-side timeout has been recorded (read from host-mapped memory, without
+  // synchronising) or raised: the object is unusable and every call and check() raise that timeout.
+  bool failed() const;
 
   size_t symmetric_bytes() const;  // NVSHMEM heap taken by this object (device memory without a Communicator)
   size_t workspace_bytes() const;  // local device workspace taken by this object

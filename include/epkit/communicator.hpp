@@ -18,6 +18,19 @@ struct UniqueId {
 // Makes a fresh unique id (call on one rank only).
 UniqueId make_unique_id();
 
+// NVSHMEM's two halves in this process: the device half linked into libepkit_comm.so (its version
+// fixed at build time) and the host library loaded at run time (libnvshmem_host.so.3, from whatever
+// the dynamic loader found first), with the library's path. `problem` is empty where they work
+// together, else the message that make_unique_id() and every Communicator factory throw as
+// epkit::Error before NVSHMEM is touched: a mismatched pair would otherwise fail inside NVSHMEM's
+// init with a bare status code (or worse). Reading the versions initialises nothing.
+struct NvshmemVersions {
+  std::array<int, 3> device{}, host{};
+  std::string host_library;
+  std::string problem;
+};
+NvshmemVersions nvshmem_versions();
+
 class Communicator {
  public:
   // Reads RANK, WORLD_SIZE, LOCAL_RANK (torchrun / epkit-run convention), selects GPU

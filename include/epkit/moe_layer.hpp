@@ -148,7 +148,9 @@ class MoELayer {
 
   // Raises epkit::Error for device-side violations recorded by earlier layers (capacity overflow,
   // device m above the rows, index errors), from the expert compute and from the AllToAll objects.
-  // Does not synchronise: call after the stream has finished the work.
+  // Does not synchronise: call after the stream has finished the work. A device-side timeout of
+  // one of its AllToAll objects (a dead or stuck peer) is raised here, and from then on by every
+  // call (forward, begin, the stages) before it launches anything: the layer is unusable.
   void check();
 
   // Diagnostics for breakdowns (epkit-moe layer): the kernels of half 0 as configured by the last

@@ -77,7 +77,38 @@ def _promote_cxx_runtime():
 
 _promote_cxx_runtime()
 
-from . import _C  # noqa: E402
+
+def _host_nvshmem_version(path):
+    """(major, minor, patch) of the libnvshmem_host.so.3 at `path` (or loaded by soname), or None."""
+    try:
+        lib = ctypes.CDLL(path or _NVSHMEM_HOST)
+        v = [ctypes.c_int(-1) for _ in range(3)]
+        lib.nvshmemx_vendor_get_version_info(*(ctypes.byref(x) for x in v))
+        return tuple(x.value for x in v)
+    except (OSError, AttributeError):
+        return None
+
+
+try:
+    from . import _C  # noqa: E402
+except ImportError as _e:
+    # A host library of another NVSHMEM release can lack a symbol the extension binds at load (-z now).
+    _v = _host_nvshmem_version(NVSHMEM_HOST_PATH)
+    raise ImportError(f"{_e}\nepkit's extension did not load. The NVSHMEM host library in this process is "
+                      f"{NVSHMEM_HOST_PATH or _NVSHMEM_HOST} (NVSHMEM {'.'.join(map(str, _v)) if _v else 'unknown'}); "
+                      "epkit links NVSHMEM's device half of the release it was built against, and needs that "
+                      "release's host library (or a later minor of the same major): see pyproject.toml's "
+                      "nvidia-nvshmem pin, NVSHMEM_HOME, or LD_PRELOAD the matching libnvshmem_host.so.3.") from _e
 
 EpkitError = _C.EpkitError
 EpkitError.__module__ = "epkit"  # shown in tracebacks as epkit.EpkitError
+
+# NVSHMEM's host library against the device half linked into libepkit_comm.so, checked at import. A
+# pair that cannot work together is reported here (the world-size-1 path, which needs no NVSHMEM,
+# still works) and raised as EpkitError by every NVSHMEM bootstrap (nvshmem_init,
+# nvshmem_get_unique_id, pplx intranode, deep_ep.Buffer), before NVSHMEM is touched.
+NVSHMEM_VERSIONS = _C.nvshmem_versions()  # (device (M, m, p), host (M, m, p), host library path, problem)
+if NVSHMEM_VERSIONS[3]:
+    import warnings
+
+    warnings.warn(NVSHMEM_VERSIONS[3], RuntimeWarning, stacklevel=2)

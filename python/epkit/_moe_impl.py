@@ -7,6 +7,7 @@ layout, rows, expected_m, config) and one default ErrorRecord per device. Creati
 allocates device memory, so it may not happen inside a CUDA graph capture; see grouped_gemm_now.
 """
 
+import re
 from typing import Dict, Optional, Tuple
 
 import torch
@@ -84,12 +85,28 @@ def quantize_weights_now(w, q, scale_inv, ue8m0: bool) -> None:
     _C.quantize_weights(arg(w, "w"), arg(q, "out"), arg(scale_inv, "scale_inv"), ue8m0, dev, stream_of(dev))
 
 
+# The C++ argument structs name two tensors differently from the Python functions: errors from the
+# C++ checks are re-raised with the Python name first (the C++ field after it in parentheses), so that
+# every EpkitError names the argument the caller passed.
+_PY_NAMES = {"silu_mul_quantize": (("in", "h"),), "grouped GEMM": (("d", "out"),)}
+
+
+def python_names(e: "EpkitError", call: str) -> "EpkitError":
+    msg = str(e)
+    for cpp, py in _PY_NAMES[call]:
+        msg = re.sub(rf"({re.escape(call)}: ){cpp}(?=[ ']|$)", rf"\g<1>{py} ({cpp})", msg)
+    return e if msg == str(e) else EpkitError(msg)
+
+
 def silu_mul_quantize_now(h, q, scale, expert_num_tokens, expert_offsets, ue8m0: bool, error: int) -> None:
     dev = device_of(h, "h")
     layout = _C.ExpertLayout.packed if expert_offsets is not None else _C.ExpertLayout.masked
-    _C.silu_mul_quantize(layout, arg(h, "h"), arg(q, "out"), arg(scale, "scale"),
-                         arg(expert_num_tokens, "expert_num_tokens"), arg(expert_offsets, "expert_offsets"), ue8m0,
-                         record(error, dev), dev, stream_of(dev))
+    try:
+        _C.silu_mul_quantize(layout, arg(h, "h"), arg(q, "out"), arg(scale, "scale"),
+                             arg(expert_num_tokens, "expert_num_tokens"), arg(expert_offsets, "expert_offsets"), ue8m0,
+                             record(error, dev), dev, stream_of(dev))
+    except EpkitError as e:
+        raise python_names(e, "silu_mul_quantize") from None
 
 
 def gemm_problem(a: torch.Tensor, b: torch.Tensor, packed: bool) -> Tuple[int, int, int, int, int]:
@@ -134,9 +151,12 @@ def grouped_gemm_now(a, a_scale, b, b_scale, d, expert_num_tokens, expert_offset
 
 def run_gemm(g: "_C.GroupedGemm", a, a_scale, b, b_scale, d, expert_num_tokens, expert_offsets, error: int) -> None:
     dev = g.device
-    g.run(arg(a, "a"), arg(a_scale, "a_scale"), arg(b, "b"), arg(b_scale, "b_scale"), arg(d, "d"),
-          arg(expert_num_tokens, "expert_num_tokens"), arg(expert_offsets, "expert_offsets"), record(error, dev),
-          stream_of(dev))
+    try:
+        g.run(arg(a, "a"), arg(a_scale, "a_scale"), arg(b, "b"), arg(b_scale, "b_scale"), arg(d, "out"),
+              arg(expert_num_tokens, "expert_num_tokens"), arg(expert_offsets, "expert_offsets"), record(error, dev),
+              stream_of(dev))
+    except EpkitError as e:
+        raise python_names(e, "grouped GEMM") from None
 
 
 def num_tokens_arg(num_tokens, rows: int) -> Tuple[int, Optional[torch.Tensor]]:

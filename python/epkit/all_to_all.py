@@ -241,6 +241,12 @@ class AllToAll:
     def alive(self) -> bool:
         return self._impl.alive
 
+    @property
+    def failed(self) -> bool:
+        """True once a device-side timeout was recorded (read without synchronising): a peer is dead or
+        stuck, and every call (and check()) raises that timeout."""
+        return self._impl.failed
+
     def __enter__(self):
         return self
 

@@ -353,6 +353,7 @@ class Buffer:
         """An object of this configuration that may be dispatched on: a free one; else a second one (made
         here, collectively); else the one dispatched longest ago, whose dispatch is then completed by a
         discarded combine (its handle becomes stale)."""
+        self._raise_if_failed()
         slots = self._pools.setdefault(key, [])
         for s in slots:
             if s.state == _FREE:
@@ -372,6 +373,21 @@ class Buffer:
         s = min(waiting, key=lambda s: s.order)
         flush(s)
         return s
+
+    def _raise_if_failed(self) -> None:
+        """After a device-side timeout (a dead or stuck peer) the Buffer refuses every dispatch at once.
+        Without this, a dispatch finding its object still busy from the failed layer would create a
+        second one, collectively with the dead peer, and wait out the host collective's timeout."""
+        for slots in self._pools.values():
+            for s in slots:
+                if s.ata.alive and s.ata.failed:
+                    try:
+                        s.ata.check()
+                        msg = "a device-side timeout was recorded"
+                    except EpkitError as e:
+                        msg = str(e)
+                    raise EpkitError(f"epkit.deep_ep: this Buffer is unusable after a device-side timeout of one of "
+                                     f"its AllToAll objects (its peers are out of step): {msg}")
 
     def _claim(self, slot: _Slot, state: int) -> int:
         self._orders += 1

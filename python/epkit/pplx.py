@@ -20,6 +20,7 @@ same node). If NVSHMEM is not yet initialized it bootstraps it over the torch.di
 (group_name "default" is the world group), as pplx's intranode needs no NVSHMEM setup.
 """
 
+import re
 from typing import Optional
 
 import torch
@@ -53,6 +54,22 @@ def _mode(do_send: bool, do_recv: bool) -> int:
     if do_recv:
         return _RECV
     raise EpkitError("do_send and do_recv are both False: nothing to do")
+
+
+# pplx-kernels' argument names for the native ones epkit's checks name in their messages: an error
+# from the native layer is re-raised naming the argument the pplx caller passed (the native name after
+# it in parentheses).
+_PPLX_NAMES = {"x": "dp_x", "x_scale": "dp_x_scale", "topk_idx": "indices", "expert_x": "out_expert_x",
+               "expert_x_scale": "out_expert_x_scale", "expert_num_tokens": "out_expert_num_tokens",
+               "topk_weights": "weights", "num_tokens_device": "bound_m"}
+_NAME_RE = re.compile(r"(?<![\w.(])(" + "|".join(sorted(_PPLX_NAMES, key=len, reverse=True)) + r")(?![\w(])")
+_OUT_RE = re.compile(r"(?<![\w.(])out(?= has| is| data| must| given| \[)")
+
+
+def _pplx_names(e: EpkitError) -> EpkitError:
+    msg = _NAME_RE.sub(lambda m: f"{_PPLX_NAMES[m.group(1)]} ({m.group(1)})", str(e))
+    msg = _OUT_RE.sub("out_tokens (out)", msg)
+    return e if msg == str(e) else EpkitError(msg)
 
 
 def _element_size(dtype: torch.dtype) -> int:
@@ -137,16 +154,22 @@ class AllToAll:
         device tensor. dp_x bf16 or fp16 (2-byte AllToAll) or fp8 e4m3 with dp_x_scale."""
         mode = _mode(do_send, do_recv)
         impl = self._require()
-        out = DispatchOutput(as_tensor(out_expert_x, "out_expert_x"), out_expert_x_scale, out_expert_num_tokens)
-        impl._dispatch(mode, as_tensor(dp_x, "dp_x"), indices, dp_x_scale, bound_m, out, None)
+        try:
+            out = DispatchOutput(as_tensor(out_expert_x, "out_expert_x"), out_expert_x_scale, out_expert_num_tokens)
+            impl._dispatch(mode, as_tensor(dp_x, "dp_x"), indices, dp_x_scale, bound_m, out, None)
+        except EpkitError as e:
+            raise _pplx_names(e) from None
 
     def combine(self, out_tokens, indices, weights, expert_y, bound_m, do_send=True, do_recv=True) -> None:
         """out_tokens [>= m, H] bf16/fp16 receives sum_k weights[t, k] * expert_y(indices[t, k], t);
         expert_y bf16/fp16, independently of out_tokens. Pass out_tokens to both halves."""
         mode = _mode(do_send, do_recv)
         impl = self._require()
-        impl._combine(mode, as_tensor(expert_y, "expert_y"), indices, weights, bound_m,
-                      as_tensor(out_tokens, "out_tokens"))
+        try:
+            impl._combine(mode, as_tensor(expert_y, "expert_y"), indices, weights, bound_m,
+                          as_tensor(out_tokens, "out_tokens"))
+        except EpkitError as e:
+            raise _pplx_names(e) from None
 
     def destroy(self) -> None:
         """Frees the symmetric buffers. Collective; idempotent."""

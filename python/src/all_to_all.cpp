@@ -194,6 +194,8 @@ void bind_all_to_all(nb::module_& m) {
       .def("check", [](const Handle& h) { h.get()->check(); })
       .def("destroy", &Handle::destroy, "Collective: frees the symmetric buffers now. Idempotent.")
       .def_prop_ro("alive", &Handle::alive)
+      .def_prop_ro("failed", [](const Handle& h) { return h.alive() && h.get()->failed(); },
+                   "True once a device-side timeout was recorded: the object is unusable (no sync needed)")
       .def_prop_ro("device", &Handle::device)
       .def_prop_ro("config", [](const Handle& h) { return h.get()->config(); })
       .def_prop_ro("symmetric_bytes", [](const Handle& h) { return h.get()->symmetric_bytes(); })

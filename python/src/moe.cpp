@@ -103,7 +103,7 @@ class Gemm {
     g.a_scale = to_tensor(a_scale, "a_scale", device_);
     g.b = to_tensor(b, "b", device_);
     g.b_scale = to_tensor(b_scale, "b_scale", device_);
-    g.d = to_tensor(d, "d", device_);
+    g.d = to_tensor(d, "out", device_);  // the Python argument (GroupedGemmArgs::d)
     g.expert_num_tokens = to_tensor(expert_num_tokens, "expert_num_tokens", device_);
     g.expert_offsets = to_tensor(expert_offsets, "expert_offsets", device_);
     g.error = record_of(error, device_);
@@ -187,7 +187,7 @@ void silu_mul_quantize(ExpertLayout layout, const TensorArg& in, const TensorArg
                        const Record* error, int device, uintptr_t stream) {
   moe::SiluMulQuantArgs a;
   a.layout = layout;
-  a.in = to_tensor(in, "in", device);
+  a.in = to_tensor(in, "h", device);  // the Python argument (SiluMulQuantArgs::in)
   a.out = to_tensor(out, "out", device);
   a.scale = to_tensor(scale, "scale", device);
   a.expert_num_tokens = to_tensor(expert_num_tokens, "expert_num_tokens", device);

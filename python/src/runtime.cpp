@@ -4,6 +4,7 @@
 
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/string.h>
 
 #include <cstdio>
 #include <cstring>
@@ -172,6 +173,15 @@ void bind_runtime(nb::module_& m) {
       },
       "A fresh 128-byte NVSHMEM unique id (call on one rank, share it out of band).");
   m.def("unique_id_size", [] { return UniqueId{}.bytes.size(); });
+  m.def(
+      "nvshmem_versions",
+      [] {
+        const NvshmemVersions v = nvshmem_versions();
+        return nb::make_tuple(nb::make_tuple(v.device[0], v.device[1], v.device[2]),
+                              nb::make_tuple(v.host[0], v.host[1], v.host[2]), v.host_library, v.problem);
+      },
+      "((device half's version), (host library's version), host library path, problem or ''): NVSHMEM's "
+      "two halves in this process. A non-empty problem is what every NVSHMEM bootstrap raises.");
   m.def("init", &init, nb::arg("uid"), nb::arg("rank"), nb::arg("world_size"),
         "Bootstraps this process's NVSHMEM on the current CUDA device. Collective.");
   m.def("finalize", &finalize,

@@ -313,14 +313,15 @@ def errors(rank, world_size):
         kw.update(over)
         ata.dispatch(**kw)
 
-    _expect_error(lambda: dispatch(out_expert_x=expert_x.float()), "expert_x has dtype fp32, expected bf16 or fp16")
+    _expect_error(lambda: dispatch(out_expert_x=expert_x.float()), "out_expert_x (expert_x) has dtype fp32, expected bf16 or fp16")
     # dtypes are the call's, within the element size the AllToAll was created for.
-    _expect_error(lambda: dispatch(dp_x=gi.x.to(FP8)), "x has dtype fp8_e4m3, expected bf16 or fp16")
-    _expect_error(lambda: dispatch(dp_x=gi.x.to(FP16)), "expert_x is bf16 but x is fp16")
+    _expect_error(lambda: dispatch(dp_x=gi.x.to(FP8)), "dp_x (x) has dtype fp8_e4m3, expected bf16 or fp16")
+    _expect_error(lambda: dispatch(dp_x=gi.x.to(FP16)), "out_expert_x (expert_x) is bf16 but dp_x (x) is fp16")
     wide = torch.zeros(gi.m, 2 * p.hidden, dtype=p.payload, device=dev)
-    _expect_error(lambda: dispatch(dp_x=wide[:, :p.hidden]), "x", "contiguous")
-    _expect_error(lambda: dispatch(indices=idx.cpu()), "topk_idx", "CUDA")
-    _expect_error(lambda: dispatch(bound_m=torch.zeros(2, dtype=torch.int32, device=dev).view(torch.uint32)), "num_tokens_device")
+    _expect_error(lambda: dispatch(dp_x=wide[:, :p.hidden]), "dp_x", "contiguous")
+    _expect_error(lambda: dispatch(indices=idx.cpu()), "indices (topk_idx)", "CUDA")
+    _expect_error(lambda: dispatch(bound_m=torch.zeros(2, dtype=torch.int32, device=dev).view(torch.uint32)),
+                  "bound_m (num_tokens_device)")
     _expect_error(lambda: dispatch(do_send=False, do_recv=False), "do_send")
     # A layer with bad combine calls in it: each is refused before it launches, and the layer then
     # completes correctly. fp32 expert_y needs combine_in_dtype=fp32 at creation; a receive half
@@ -337,7 +338,7 @@ def errors(rank, world_size):
     kw["expert_y"] = y16
     ata.combine(out16, **kw, do_send=True, do_recv=False)
     _expect_error(lambda: ata.combine(out16.to(BF16), **kw, do_send=False, do_recv=True),
-                  "out is bf16 but combine_send packed this layer's partials as fp16")
+                  "out_tokens (out) is bf16 but combine_send packed this layer's partials as fp16")
     ata.combine(out16, **kw, do_send=False, do_recv=True)
     torch.cuda.synchronize()
     check_combine(q, mine, out16, RTOL_OUT[FP16], f"errors split out dtype rank={rank}", untouched_from=mine.m)

@@ -186,6 +186,7 @@ class AllToAll:
         self.num_local_experts = self.L
         self.scales_per_token = (c.hidden + 127) // 128 if c.dispatch_dtype == torch.float8_e4m3fn else 0
         self.state, self.seq, self.alive = "free", 0, True
+        self.failed = False  # the model has no device-side timeouts
         self.dispatched = None
         self.slot_of = {}
         self.dispatch_calls = self.combine_calls = 0

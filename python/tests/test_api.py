@@ -101,3 +101,33 @@ def test_tensor_args():
     assert arg(None, "x") is None
     with pytest.raises(epkit.EpkitError, match="x must be on a CUDA device"):
         arg(torch.zeros(2, 2), "x")
+
+
+def test_nvshmem_halves_of_this_build_match():
+    """The host library this process loaded can run the device half linked into libepkit_comm.so."""
+    device, host, path, problem = epkit._C.nvshmem_versions()
+    assert problem == "" and host[0] == device[0] and host[1] >= device[1], (device, host, path, problem)
+    assert epkit._lib.NVSHMEM_VERSIONS[3] == ""
+
+
+def test_mismatched_nvshmem_host_library_is_refused_before_init():
+    """A host library of an older NVSHMEM minor (the build's stand-in for its version query, preloaded)
+    is reported at import (RuntimeWarning) and refused with EpkitError by the first NVSHMEM call,
+    naming both versions, before NVSHMEM is touched: no crash, no exit."""
+    import os
+    import subprocess
+    import sys
+    shim = os.path.join(os.path.dirname(epkit.__file__), "..", "..", "tests", "build", "libnvshmem_host_shim.so")
+    if not os.path.exists(shim):
+        pytest.skip("the build tree's tests/build/libnvshmem_host_shim.so is not here (installed epkit)")
+    code = ("import warnings, epkit\n"
+            "try:\n    epkit.nvshmem_get_unique_id()\n    print('NOT RAISED')\n"
+            "except epkit.EpkitError as e:\n    print('RAISED:', e)\n")
+    env = dict(os.environ, LD_PRELOAD=os.path.abspath(shim), EPKIT_SHIM_NVSHMEM_VERSION="3.1.7")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "RuntimeWarning: NVSHMEM version mismatch" in r.stderr, r.stderr[-2000:]
+    line = [ln for ln in r.stdout.splitlines() if ln.startswith(("RAISED", "NOT RAISED"))]
+    assert line and line[0].startswith("RAISED:"), r.stdout
+    device = ".".join(map(str, epkit._C.nvshmem_versions()[0]))
+    assert "NVSHMEM version mismatch" in line[0] and "3.1.7" in line[0] and device in line[0], line[0]

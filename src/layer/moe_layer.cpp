@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <string>
 #include <utility>
 
 #include "epkit/error.hpp"
@@ -97,6 +98,10 @@ struct MoELayer::Impl {
   } half[2];
   int32_t* m_split = nullptr;  // [2] device m of each half under kMicrobatch with a device m
   bool begun = false;
+  // The first device-side timeout of one of its AllToAll objects (empty while none): the layer is then
+  // unusable, and every call raises it before launching anything.
+  std::string failure;
+  void raise_if_failed(const char* call);
   // The shared expert's branch (schedule none, shared_concurrent): a stream of the layer's own, forked
   // from the caller's after quantization and joined before out += shared.
   cudaStream_t side = nullptr;
@@ -422,7 +427,22 @@ void MoELayer::Impl::add_shared(Half& hf, cudaStream_t s) {
   EPKIT_CUDA_CHECK(layer::launch_add_rows(hf.out.data, hf.sy, hf.m_used, static_cast<int>(hf.out.shape[0]), cfg.hidden, s));
 }
 
+void MoELayer::Impl::raise_if_failed(const char* call) {
+  for (int h = 0; failure.empty() && h < halves; ++h) {
+    if (!half[h].a2a->failed()) continue;
+    try {
+      half[h].a2a->check();  // raises the recorded timeout (phase, wait, peer)
+      failure = "dispatch/combine object " + std::to_string(h) + " failed";
+    } catch (const Error& e) {
+      failure = e.what();
+    }
+  }
+  EPKIT_CHECK(failure.empty(), call, ": this MoELayer is unusable after a device-side timeout of its dispatch/combine ",
+              "and launches nothing (its peers are out of step; destroy it): ", failure);
+}
+
 void MoELayer::Impl::expect_stage(int h, int want, const char* call) {
+  raise_if_failed(call);
   EPKIT_CHECK(begun, call, ": begin() must come first in every layer call");
   EPKIT_CHECK(h >= 0 && h < halves, call, ": half = ", h, " but schedule ", schedule_name(cfg.schedule), " has ",
               halves, " half(s)");
@@ -464,6 +484,7 @@ size_t MoELayer::workspace_bytes() const { return impl_->arena.bytes(); }
 void MoELayer::begin(const MoEBatch& b, cudaStream_t s) {
   Impl& I = *impl_;
   const MoELayerConfig& c = I.cfg;
+  I.raise_if_failed("forward/begin");
   for (int h = 0; h < I.halves; ++h)
     EPKIT_CHECK(!I.begun || I.half[h].stage == 0, "begin: half ", h, " of the previous call has not finished (next: stage ",
                 I.half[h].stage, ")");

@@ -1,5 +1,6 @@
 // NVSHMEM lifetime and host-side helpers behind epkit::Communicator. This file (with the kernels)
 // is the only place that initialises NVSHMEM, so its device state lives in libepkit.so.
+#include <dlfcn.h>
 #include <nvshmem.h>
 #include <nvshmemx.h>
 
@@ -11,6 +12,7 @@
 
 #include "epkit/communicator.hpp"
 #include "epkit/error.hpp"
+#include "transport/nvshmem_version.hpp"
 #include "transport/rendezvous.hpp"
 #include "transport/control.cuh"
 #include "common/cuda_check.hpp"
@@ -51,12 +53,33 @@ void init_nvshmem(unsigned flags, nvshmemx_init_attr_t& attr, const std::string&
   }
 }
 
+// Before anything else touches NVSHMEM: a host library that cannot run the linked device half.
+void check_nvshmem_version() {
+  const NvshmemVersions v = nvshmem_versions();
+  EPKIT_CHECK(v.problem.empty(), v.problem);
+}
+
 }  // namespace
+
+NvshmemVersions nvshmem_versions() {
+  NvshmemVersions v;
+  v.device = {NVSHMEM_VENDOR_MAJOR_VERSION, NVSHMEM_VENDOR_MINOR_VERSION, NVSHMEM_VENDOR_PATCH_VERSION};
+  // The host library's own answer (a plain getter of its build constants; needs no init). The
+  // symbol binds to whichever libnvshmem_host.so.3 the process loaded first.
+  nvshmemx_vendor_get_version_info(&v.host[0], &v.host[1], &v.host[2]);
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<void*>(&nvshmemx_vendor_get_version_info), &info) != 0 && info.dli_fname)
+    v.host_library = info.dli_fname;
+  v.problem = transport::nvshmem_version_problem({v.device[0], v.device[1], v.device[2]},
+                                                 {v.host[0], v.host[1], v.host[2]}, v.host_library);
+  return v;
+}
 
 bool peers_unreachable() { return g_unreachable.load(); }
 void mark_peers_unreachable() { g_unreachable.store(true); }
 
 UniqueId make_unique_id() {
+  check_nvshmem_version();
   nvshmemx_uniqueid_t uid = NVSHMEMX_UNIQUEID_INITIALIZER;
   EPKIT_CHECK(nvshmemx_get_uniqueid(&uid) == 0, "nvshmemx_get_uniqueid failed");
   static_assert(sizeof(uid) == sizeof(UniqueId::bytes), "NVSHMEM unique id size changed");
@@ -66,6 +89,7 @@ UniqueId make_unique_id() {
 }
 
 Communicator Communicator::from_unique_id(int rank, int world_size, const UniqueId& id, int device) {
+  check_nvshmem_version();
   EPKIT_CHECK(world_size >= 1, "world_size = ", world_size, " must be >= 1");
   EPKIT_CHECK(rank >= 0 && rank < world_size, "rank = ", rank, " must be in [0, ", world_size, ")");
   int ndev = 0;
@@ -111,6 +135,7 @@ Communicator Communicator::adopt() {
 }
 
 Communicator Communicator::from_env() {
+  check_nvshmem_version();
   RendezvousOptions opt = rendezvous_options_from_env();
   const int local_rank = env_int("LOCAL_RANK", opt.rank);
   int ndev = 0;
@@ -132,6 +157,7 @@ Communicator Communicator::from_env() {
 }
 
 Communicator Communicator::from_mpi(void* mpi_comm, int device) {
+  check_nvshmem_version();
   if (device >= 0) EPKIT_CUDA_CHECK(cudaSetDevice(device));
   int expected = 0;
   EPKIT_CHECK(g_live.compare_exchange_strong(expected, 1), "NVSHMEM is already initialised in this process");

@@ -194,6 +194,14 @@ int gpu_test_main(int argc, char** argv, void (*parse)(int argc, char** argv)) {
     std::printf("skipped: no GPU\n");
     return 77;
   }
+  // The tests draw their inputs from the launch's seed: without epkit-run each test that draws one
+  // fails on its own (14 of test_moe_layer's 16, say, each with the same exception), which reads like
+  // 14 findings. One clear line instead.
+  if (const char* s = std::getenv("EPKIT_RUN_SEED"); s == nullptr || *s == '\0') {
+    std::fprintf(stderr, "%s: EPKIT_RUN_SEED is not set: run GPU tests through epkit-run (e.g. build/bin/epkit-run "
+                 "-n 1 -- %s; under a sanitizer: epkit-run -n 1 -- compute-sanitizer ... %s)\n", argv[0], argv[0], argv[0]);
+    return 2;
+  }
   try {
     check_fast_codecs();  // before any input or reference uses them
     if (const char* e = std::getenv("EPKIT_TEST_SINGLE_PROCESS"); e && std::strcmp(e, "1") == 0) {

@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <random>
 
 namespace epkit::moe_test {
@@ -28,11 +29,25 @@ uint64_t case_seed(uint64_t case_id) {
   return z ^ (z >> 31);
 }
 
+std::vector<std::string>& gemm_config_filter_mut() {
+  static std::vector<std::string> v;
+  return v;
+}
+const std::vector<std::string>& gemm_config_filter() { return gemm_config_filter_mut(); }
+
 }  // namespace epkit::moe_test
 
 // main() of every MoE GPU test binary: a loud skip (exit 77) where there is no GPU.
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--gemm-config") && i + 1 < argc) {
+      epkit::moe_test::gemm_config_filter_mut().push_back(argv[++i]);
+    } else {
+      std::fprintf(stderr, "%s: unknown argument %s (gtest flags, --gemm-config NAME)\n", argv[0], argv[i]);
+      return 2;
+    }
+  }
   int ndev = 0;
   if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
     std::printf("skipped: no GPU (%s needs one CUDA GPU)\n", argv[0]);

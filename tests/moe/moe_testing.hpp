@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #define CUDA_OK(expr)                                                                          \
@@ -21,6 +22,10 @@ namespace epkit::moe_test {
 // Printed once at start. case_seed mixes it with a case number.
 uint64_t base_seed();
 uint64_t case_seed(uint64_t case_id);
+
+// --gemm-config NAME (repeatable; scripts/sanitize.sh runs one config per process): the grouped-GEMM
+// configs a test restricts itself to. Empty: every compiled config.
+const std::vector<std::string>& gemm_config_filter();
 
 // A typed device array. Poisoned (every byte = `byte`) on request: outputs are poisoned before each
 // launch so that an element the kernel failed to write shows up as a mismatch.

@@ -190,11 +190,26 @@ void expect_matches_reference(const HostCase& c, const Reference& ref, const std
 
 std::string label(const GemmConfig& cfg, const char* name) { return to_string(cfg) + " / " + name; }
 
+// The configs under test: every compiled one, or those named by --gemm-config (each must exist).
+std::vector<GemmConfig> configs_under_test() {
+  const std::vector<GemmConfig> all = available_gemm_configs();
+  const std::vector<std::string>& want = moe_test::gemm_config_filter();
+  if (want.empty()) return all;
+  std::vector<GemmConfig> v;
+  for (const std::string& w : want) {
+    bool found = false;
+    for (const GemmConfig& c : all)
+      if (to_string(c) == w) v.push_back(c), found = true;
+    if (!found) throw Error("--gemm-config " + w + " is not a compiled config");
+  }
+  return v;
+}
+
 // One case through every compiled config, each on freshly poisoned output.
 void run_all_configs(const char* name, const HostCase& c, ErrorRecord* err = nullptr, const char* expect_error = nullptr) {
   DeviceCase dev(c);
   const Reference ref = reference_of(c);
-  for (const GemmConfig& cfg : available_gemm_configs()) {
+  for (const GemmConfig& cfg : configs_under_test()) {
     SCOPED_TRACE(label(cfg, name));
     GroupedGemm gemm(c.shape, cfg);
     dev.d.poison(0xff);
@@ -221,7 +236,7 @@ GroupedGemmShape packed(int G, int n, int k, int R) { return {G, n, k, ExpertLay
 
 TEST(GroupedGemm, EveryConfigBuildsAndTheDefaultIsTheHeuristics) {
   const GroupedGemmShape s = masked(8, 4096, 7168, 64);
-  for (const GemmConfig& cfg : available_gemm_configs()) {
+  for (const GemmConfig& cfg : configs_under_test()) {
     GroupedGemm g(s, cfg);
     EXPECT_EQ(g.config(), cfg);
     EXPECT_GT(g.workspace_bytes(), 0u);
@@ -320,7 +335,7 @@ void replay_with_changing_counts(const GroupedGemmShape& shape, const std::vecto
   DeviceCase dev(c);
   cudaStream_t stream;
   CUDA_OK(cudaStreamCreate(&stream));  // blocking: ordered after the default-stream uploads and poison
-  for (const GemmConfig& cfg : available_gemm_configs()) {
+  for (const GemmConfig& cfg : configs_under_test()) {
     SCOPED_TRACE(to_string(cfg));
     GroupedGemm gemm(shape, cfg);
     const GroupedGemmArgs args = dev.args(shape);

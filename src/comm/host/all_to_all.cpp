@@ -297,6 +297,7 @@ size_t AllToAll::workspace_bytes() const { return impl_->ws_layout.total_bytes; 
 int AllToAll::num_p2p_peers() const { return impl_->p2p_peers; }
 
 void AllToAll::check() const { impl_->raise_pending(); }
+bool AllToAll::failed() const { return impl_->dead || impl_->err_host->code == kernels::kErrTimeout; }
 
 
 // One protocol step: fatal errors first, then call order, argument checks, the launch, and the
