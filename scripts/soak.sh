@@ -22,7 +22,7 @@ BIN=$BUILD/tests/layer/soak_moe_layer
 [ -x "$BIN" ] || { echo "soak: $BIN is missing: build first (make build)"; exit 1; }
 mkdir -p "$OUT"
 rm -f "$OUT"/w1.json "$OUT"/w2.json "$OUT"/report.json
-export NVSHMEM_DISABLE_NVLS=1 NCCL_NVLS_ENABLE=0 EPKIT_COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+export NVSHMEM_DISABLE_NVLS=1 NCCL_NVLS_ENABLE=0
 half=$(awk -v m="$MINUTES" 'BEGIN { printf "%.3f", m / 2 }')
 limit=$(awk -v m="$half" 'BEGIN { printf "%d", m * 60 + 300 }')  # the run's own deadline plus start-up and teardown
 rc=0

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "epkit/moe_layer.hpp"
+#include "epkit/version.hpp"
 #include "harness.hpp"
 #include "layer_model.hpp"
 
@@ -201,7 +202,6 @@ TEST(MoELayerSoak, ForwardAfterForward) {
     int dev = 0;
     cudaGetDevice(&dev);
     cudaGetDeviceProperties(&prop, dev);
-    const char* commit = std::getenv("EPKIT_COMMIT");
     char date[32];
     const std::time_t now = std::time(nullptr);
     std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
@@ -213,7 +213,7 @@ TEST(MoELayerSoak, ForwardAfterForward) {
                 static_cast<long long>(free0));
     if (!g_json.empty()) {
       std::ofstream f(g_json);
-      f << "{\n  \"date\": \"" << date << "\",\n  \"commit\": \"" << (commit ? commit : "unknown") << "\",\n"
+      f << "{\n  \"date\": \"" << date << "\",\n  \"commit\": \"" << epkit::git_commit() << "\",\n"
         << "  \"gpu\": \"" << json_escape(prop.name) << "\",\n  \"world_size\": " << W << ",\n  \"dp_size\": " << g_dp
         << ",\n  \"single_process\": " << (comm().single_process() ? "true" : "false") << ",\n"
         << "  \"minutes\": " << elapsed / 60 << ",\n  \"iterations\": " << it << ",\n"
