@@ -2,9 +2,14 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <numeric>
 #include <random>
+#include <sstream>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "bench_core.hpp"
 #include "epkit/error.hpp"
@@ -69,6 +74,36 @@ TEST(MoeBenchRows, UnevenCountsKeepTheTotalAndTheBounds) {
     EXPECT_EQ(std::count(h.begin(), h.end(), 0), G / 4) << "G " << G << " m " << m;
     EXPECT_LE(*std::max_element(h.begin(), h.end()), 2 * m);
     EXPECT_GE(*std::min_element(h.begin(), h.end()), 0);
+  }
+}
+
+// tools/epkit-moe/deepgemm_baseline.py times DeepGEMM on the uneven counts of this generator: its
+// Python copy must give the same rows, group for group.
+TEST(MoeBenchRows, DeepGemmBaselineUsesTheSameUnevenCounts) {
+  const std::string script = EPKIT_MOE_TOOLS_DIR "/deepgemm_baseline.py";
+  if (std::system("python3 -c 'import sys' >/dev/null 2>&1") != 0) GTEST_SKIP() << "no python3 on this machine";
+  std::vector<std::pair<int, int>> cases;
+  std::string arg;
+  for (int G : {4, 5, 7, 8, 16, 32, 64})
+    for (int m : {3, 8, 32, 64, 128, 512, 1000, 1024, 4096}) {
+      cases.push_back({G, m});
+      arg += (arg.empty() ? "" : "/") + std::to_string(G) + "," + std::to_string(m);
+    }
+  const std::string cmd = "python3 " + script + " --uneven-counts " + arg;
+  FILE* p = popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr) << cmd;
+  std::string out;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+  ASSERT_EQ(pclose(p), 0) << cmd << ": " << out;
+  std::istringstream lines(out);
+  for (const auto& [G, m] : cases) {
+    std::string line;
+    ASSERT_TRUE(std::getline(lines, line)) << "no line for G " << G << " m " << m;
+    std::istringstream in(line);
+    std::vector<int32_t> py;
+    for (int32_t v; in >> v;) py.push_back(v);
+    EXPECT_EQ(py, uneven_counts(G, m)) << "G " << G << " m " << m;
   }
 }
 
