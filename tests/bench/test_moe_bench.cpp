@@ -42,6 +42,14 @@ TEST(MoeBenchOptions, ModesListsAndErrors) {
   EXPECT_NE(error_of({"--schedules", "pipelined"}).find("'pipelined' is not one of"), std::string::npos);
   EXPECT_NE(error_of({"--bogus"}).find("unknown option '--bogus'"), std::string::npos);
   EXPECT_NE(error_of({"--json"}).find("--json needs a value"), std::string::npos);
+  EXPECT_EQ(o.router_kernels, std::vector<std::string>{"auto"});
+  EXPECT_EQ(o.rounds, 1);
+  o = parse_options({"--kernels", "router", "--router-kernels", "general,warp_grouped", "--rounds", "3"});
+  EXPECT_EQ(o.router_kernels, (std::vector<std::string>{"general", "warp_grouped"}));
+  EXPECT_EQ(o.rounds, 3);
+  EXPECT_NE(error_of({"--router-kernels", "fast"}).find("'fast' is not one of auto, general, warp_grouped"),
+            std::string::npos);
+  EXPECT_NE(error_of({"--rounds", "0"}).find("0 is outside [1, 100]"), std::string::npos);
 }
 
 TEST(MoeBenchRows, RatesAndTheCeilingThatBinds) {

@@ -48,6 +48,7 @@ std::vector<int> ints(const std::string& opt, const std::string& s, int lo, int 
 std::string usage() {
   return "usage: epkit-moe [kernels|layer] [--kernels router,quantize,silu_mul_quantize,grouped_gemm]\n"
          "                 [--groups 2,8,16,32,64] [--m 1,4,...,4096] [--sweep-configs]\n"
+         "                 [--router-kernels auto,general,warp_grouped] [--rounds N]\n"
          "                 [--batches 1,4,16,32,64,128] [--query-lens 1,2] [--experts 256,32]\n"
          "                 [--schedules none,dispatch_overlap,microbatch] [--quick] [--json FILE] [--merge FILE]\n";
 }
@@ -62,6 +63,7 @@ Options parse_options(const std::vector<std::string>& args) {
   };
   static const std::vector<std::string> kKernels = {"router", "quantize", "silu_mul_quantize", "grouped_gemm"};
   static const std::vector<std::string> kSchedules = {"none", "dispatch_overlap", "microbatch"};
+  static const std::vector<std::string> kRouterKernels = {"auto", "general", "warp_grouped"};
   for (; i < args.size(); ++i) {
     const std::string& a = args[i];
     if (a == "--kernels") {
@@ -84,6 +86,14 @@ Options parse_options(const std::vector<std::string>& args) {
       for (const auto& s : o.schedules)
         EPKIT_CHECK(std::find(kSchedules.begin(), kSchedules.end(), s) != kSchedules.end(), "--schedules: '", s,
                     "' is not one of none, dispatch_overlap, microbatch");
+    } else if (a == "--router-kernels") {
+      o.router_kernels = split(value(a));
+      EPKIT_CHECK(!o.router_kernels.empty(), a, " needs at least one value");
+      for (const auto& k : o.router_kernels)
+        EPKIT_CHECK(std::find(kRouterKernels.begin(), kRouterKernels.end(), k) != kRouterKernels.end(),
+                    "--router-kernels: '", k, "' is not one of auto, general, warp_grouped");
+    } else if (a == "--rounds") {
+      o.rounds = ints(a, value(a), 1, 100).front();
     } else if (a == "--sweep-configs") {
       o.sweep_configs = true;
     } else if (a == "--quick") {

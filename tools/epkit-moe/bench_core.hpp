@@ -43,6 +43,11 @@ struct Options {
   std::vector<int> experts = {256, 32};                  // layer mode: E on this GPU
   std::vector<std::string> schedules = {"none", "dispatch_overlap", "microbatch"};
   bool sweep_configs = false;  // grouped GEMM: time every compiled config, not only the heuristic's
+  // router: route()'s kernels to time on the grouped router ("auto": its own choice; "general",
+  // "warp_grouped": forced through RouterConfig::kernel), and rounds per point with the kernels
+  // interleaved (a row holds the median of its rounds' medians, the note each round's).
+  std::vector<std::string> router_kernels = {"auto"};
+  int rounds = 1;
   bool quick = false;          // fewer points and smaller ceilings (smoke runs)
   std::string json;            // write results here
   std::string merge;           // an existing JSON whose rows (other systems) are kept
