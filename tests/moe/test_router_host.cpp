@@ -158,6 +158,71 @@ TEST(GateValidate, ShapesAndArguments) {
   EXPECT_EPKIT_ERROR(check_gate_args(s, x, w, l2, 1), "logits has dtype bf16", "fp32");
 }
 
+// --- the fused gate + router: where it applies, and its one validation ---
+
+TEST(GateRouterValidate, AppliesToDeepSeekDecode) {
+  const RouterConfig c = deepseek();
+  const char* why = nullptr;
+  EXPECT_TRUE(gate_router_applies(GateShape{7168, 256, 32}, c, &why)) << why;
+  EXPECT_TRUE(gate_router_applies(GateShape{7168, 256, 1}, c));
+  EXPECT_TRUE(gate_router_applies(GateShape{512, 256, 8}, c));
+  RouterConfig e512 = c;
+  e512.num_experts = 512, e512.num_groups = 16;
+  EXPECT_TRUE(gate_router_applies(GateShape{4096, 512, 32}, e512));
+
+  EXPECT_FALSE(gate_router_applies(GateShape{7168, 256, 33}, c, &why));
+  EXPECT_NE(std::string(why).find("max_tokens must be in [1, 32]"), std::string::npos) << why;
+  EXPECT_FALSE(gate_router_applies(GateShape{7000, 256, 32}, c, &why));
+  EXPECT_NE(std::string(why).find("hidden must be a multiple of 512"), std::string::npos) << why;
+  EXPECT_FALSE(gate_router_applies(GateShape{7168, 128, 32}, c, &why));
+  EXPECT_NE(std::string(why).find("num_experts differs"), std::string::npos) << why;
+  RouterConfig e64 = c;
+  e64.num_experts = 64;
+  EXPECT_FALSE(gate_router_applies(GateShape{7168, 64, 32}, e64, &why));
+  EXPECT_NE(std::string(why).find("128, 256 or 512"), std::string::npos) << why;
+  EXPECT_FALSE(gate_router_applies(GateShape{4096, 8, 32}, mixtral(), &why));
+  EXPECT_NE(std::string(why).find("grouped_topk only"), std::string::npos) << why;
+  RouterConfig v2 = c;
+  v2.num_experts = 160, v2.topk = 6, v2.topk_groups = 3;
+  EXPECT_FALSE(gate_router_applies(GateShape{5120, 160, 32}, v2, &why));
+}
+
+TEST(GateRouterValidate, ChecksTheGemmAndTheRouterArguments) {
+  const RouterConfig c = deepseek();
+  const GateShape s{7168, 256, 32};
+  RouterTensors t(c, 16, 16);
+  t.a.logits.dtype = DType::kFP32;
+  const Tensor x(fake(0x50000), DType::kBF16, {16, 7168}), w(fake(0x60000), DType::kBF16, {256, 7168});
+  EXPECT_NO_THROW(check_gate_router_args(s, c, x, w, t.a));
+
+  RouterArgs a = t.a;
+  a.logits.dtype = DType::kBF16;  // the kernel writes fp32 logits
+  EXPECT_EPKIT_ERROR(check_gate_router_args(s, c, x, w, a), "logits has dtype bf16", "fp32");
+  a = t.a, a.logits.data = fake(0x10004);
+  EXPECT_EPKIT_ERROR(check_gate_router_args(s, c, x, w, a), "logits data pointer is not 16-byte aligned");
+  Tensor x2 = x;
+  x2.shape[1] = 4096;
+  EXPECT_EPKIT_ERROR(check_gate_router_args(s, c, x2, w, t.a), "x has shape [16, 4096]", "expected 7168");
+  x2 = x, x2.shape[0] = 8;
+  EXPECT_EPKIT_ERROR(check_gate_router_args(s, c, x2, w, t.a), "m = 16", "rows of x = 8");
+  Tensor w2 = w;
+  w2.dtype = DType::kFP8E4M3;
+  EXPECT_EPKIT_ERROR(check_gate_router_args(s, c, x, w2, t.a), "w has dtype fp8_e4m3", "bf16");
+  EXPECT_EPKIT_ERROR(check_gate_router_args(GateShape{7168, 256, 8}, c, x, w, t.a), "m = 16",
+                     "max_tokens = 8");
+  RouterTensors big(c, 64, 64);  // 64 rows: a host m <= 32 is fine, a device m could exceed 32
+  big.a.logits.dtype = DType::kFP32;
+  const Tensor xb(fake(0x50000), DType::kBF16, {64, 7168});
+  big.a.num_tokens = 20;
+  EXPECT_NO_THROW(check_gate_router_args(s, c, xb, w, big.a));
+  int32_t dev_m = 0;
+  big.a.num_tokens = -1, big.a.num_tokens_device = &dev_m;
+  EXPECT_EPKIT_ERROR(check_gate_router_args(s, c, xb, w, big.a), "with m on the device, the 64 rows",
+                     "max_tokens = 32");
+  RouterConfig soft = mixtral();
+  EXPECT_EPKIT_ERROR(check_gate_router_args(GateShape{7168, 8, 32}, soft, x, w, t.a), "grouped_topk only");
+}
+
 // --- which kernel route() runs ---
 
 TEST(RouterKernelChoice, WarpKernelWhereverItApplies) {

@@ -46,7 +46,7 @@ std::vector<int> ints(const std::string& opt, const std::string& s, int lo, int 
 }  // namespace
 
 std::string usage() {
-  return "usage: epkit-moe [kernels|layer] [--kernels router,quantize,silu_mul_quantize,grouped_gemm]\n"
+  return "usage: epkit-moe [kernels|layer] [--kernels router,gate_router,quantize,silu_mul_quantize,grouped_gemm]\n"
          "                 [--groups 2,8,16,32,64] [--m 1,4,...,4096] [--sweep-configs]\n"
          "                 [--router-kernels auto,general,warp_grouped] [--rounds N]\n"
          "                 [--batches 1,4,16,32,64,128] [--query-lens 1,2] [--experts 256,32]\n"
@@ -61,7 +61,8 @@ Options parse_options(const std::vector<std::string>& args) {
     EPKIT_CHECK(i + 1 < args.size(), opt, " needs a value");
     return args[++i];
   };
-  static const std::vector<std::string> kKernels = {"router", "quantize", "silu_mul_quantize", "grouped_gemm"};
+  static const std::vector<std::string> kKernels = {"router", "gate_router", "quantize", "silu_mul_quantize",
+                                                    "grouped_gemm"};
   static const std::vector<std::string> kSchedules = {"none", "dispatch_overlap", "microbatch"};
   static const std::vector<std::string> kRouterKernels = {"auto", "general", "warp_grouped"};
   for (; i < args.size(); ++i) {
@@ -70,7 +71,7 @@ Options parse_options(const std::vector<std::string>& args) {
       o.kernels = split(value(a));
       for (const auto& k : o.kernels)
         EPKIT_CHECK(std::find(kKernels.begin(), kKernels.end(), k) != kKernels.end(), "--kernels: '", k,
-                    "' is not one of router, quantize, silu_mul_quantize, grouped_gemm");
+                    "' is not one of router, gate_router, quantize, silu_mul_quantize, grouped_gemm");
     } else if (a == "--groups") {
       o.groups = ints(a, value(a), 1, 512);
     } else if (a == "--m") {

@@ -35,7 +35,7 @@ void finish_row(Row& r, double hbm_GBps, double fp8_TFLOPs);
 
 struct Options {
   std::string mode = "kernels";         // "kernels" or "layer"
-  std::vector<std::string> kernels = {"router", "quantize", "silu_mul_quantize", "grouped_gemm"};
+  std::vector<std::string> kernels = {"router", "gate_router", "quantize", "silu_mul_quantize", "grouped_gemm"};
   std::vector<int> groups = {2, 8, 16, 32, 64};
   std::vector<int> m = {1, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096};
   std::vector<int> batches = {1, 4, 16, 32, 64, 128};  // layer mode: batch per rank

@@ -8,6 +8,7 @@
 
 #include "epkit/error.hpp"
 #include "epkit/moe/activation.hpp"
+#include "epkit/moe/gate.hpp"
 #include "epkit/moe/grouped_gemm.hpp"
 #include "epkit/moe/quant.hpp"
 #include "epkit/moe/router.hpp"
@@ -128,6 +129,75 @@ std::vector<Row> bench_router(const Options& o, const Ceilings& c, const L2Flush
       }
       for (Row& r : timed_rounds(rs, o.rounds, c, f, s, calls)) rows.push_back(r);
     }
+  }
+  return rows;
+}
+
+// The routed chain's first two steps at decode sizes, DeepSeek-V3 (H 7168, E 256, grouped top-8):
+// the gate GEMM (cuBLASLt) then the router, as two launches, against GateRouter (one launch).
+// "separate general" is the chain with the general router kernel (what the layer ran before the
+// warp kernel). All rows of one m are timed in interleaved rounds (--rounds).
+std::vector<Row> bench_gate_router(const Options& o, const Ceilings& c, const L2Flush& f, cudaStream_t s) {
+  std::vector<Row> rows;
+  constexpr int H = kHidden, E = 256, K = 8;
+  moe::RouterConfig ds;
+  ds.mode = moe::RouterMode::kGroupedTopK, ds.num_experts = E, ds.topk = K, ds.num_groups = 8, ds.topk_groups = 4,
+  ds.routed_scaling = 2.5f;
+  moe::RouterConfig general = ds;
+  general.kernel = moe::RouterKernel::kGeneral;
+  const std::vector<int> tokens = o.quick ? std::vector<int>{1, 32} : std::vector<int>{1, 2, 4, 8, 16, 32};
+  moe::GateProjection gate(H, E, moe::kGateRouterMaxTokens);
+  moe::GateRouter fused(H, ds, moe::kGateRouterMaxTokens);
+  for (int m : tokens) {
+    const size_t w_bytes = size_t(E) * H * 2, x_bytes = size_t(m) * H * 2, out_bytes = size_t(m) * (E * 4 + K * 8);
+    const int sets = rotation_sets(w_bytes + x_bytes + out_bytes, f.l2_bytes(), 20);
+    Buffer x(x_bytes * sets), w(w_bytes * sets), bias(E * 4), logits(size_t(m) * E * 4 * sets),
+        idx(size_t(m) * K * 4 * sets), tw(size_t(m) * K * 4 * sets);
+    fill_uniform(x.get(), DType::kBF16, size_t(m) * H * sets, 31 + m, -2.f, 2.f, s);
+    fill_uniform(w.get(), DType::kBF16, size_t(E) * H * sets, 37, -0.05f, 0.05f, s);
+    fill_uniform(bias.get(), DType::kFP32, E, 3, -0.1f, 0.1f, s);
+    auto tx = [&, m](int set) { return Tensor(x.as<uint8_t>() + size_t(set) * x_bytes, DType::kBF16, {m, H}); };
+    auto tw_ = [&](int set) { return Tensor(w.as<uint8_t>() + size_t(set) * w_bytes, DType::kBF16, {E, H}); };
+    auto ra = [&, m](int set) {
+      moe::RouterArgs a;
+      a.logits = Tensor(logits.as<float>() + size_t(set) * m * E, DType::kFP32, {m, E});
+      a.bias = Tensor(bias.get(), DType::kFP32, {E});
+      a.num_tokens = m;
+      a.topk_idx = Tensor(idx.as<int32_t>() + size_t(set) * m * K, DType::kInt32, {m, K});
+      a.topk_weights = Tensor(tw.as<float>() + size_t(set) * m * K, DType::kFP32, {m, K});
+      return a;
+    };
+    Row base;
+    base.kernel = "gate_router", base.system = "epkit", base.G = 1, base.m = m, base.N = E, base.K = H;
+    base.bytes = static_cast<double>(w_bytes + x_bytes + out_bytes);
+    base.weight_bytes = static_cast<double>(w_bytes);
+    base.flops = 2.0 * m * E * H;
+    std::vector<Row> rs;
+    std::vector<std::function<void(int, cudaStream_t)>> calls;
+    Row r = base;
+    r.variant = "separate", r.note = "cuBLASLt gate, then route() (warp_grouped)";
+    rs.push_back(r);
+    calls.push_back([&, m](int i, cudaStream_t st) {
+      const int set = i % sets;
+      const moe::RouterArgs a = ra(set);
+      gate.run(tx(set), tw_(set), a.logits, m, st);
+      moe::route(ds, a, st);
+    });
+    r.variant = "separate general", r.note = "cuBLASLt gate, then route() (general)";
+    rs.push_back(r);
+    calls.push_back([&, m](int i, cudaStream_t st) {
+      const int set = i % sets;
+      const moe::RouterArgs a = ra(set);
+      gate.run(tx(set), tw_(set), a.logits, m, st);
+      moe::route(general, a, st);
+    });
+    r.variant = "fused", r.note = "GateRouter: one launch";
+    rs.push_back(r);
+    calls.push_back([&](int i, cudaStream_t st) {
+      const int set = i % sets;
+      fused.run(tx(set), tw_(set), ra(set), st);
+    });
+    for (Row& x_ : timed_rounds(rs, o.rounds, c, f, s, calls)) rows.push_back(x_);
   }
   return rows;
 }
