@@ -134,7 +134,8 @@ TEST(MoeBenchJson, RowsCeilingsAndMergeKeepsOtherSystems) {
   l.schedule = "none", l.layout = "masked", l.experts = 256, l.batch = 1, l.query_len = 2, l.tokens = 2;
   l.us_median = 285, l.graph_us_median = 263, l.steps = {{"gate", 6.8}};
   const plan::Json j = layer_row_json(l);
-  for (const char* k : {"schedule", "world_size", "experts", "batch", "query_len", "us_median", "graph_us_median"})
+  for (const char* k : {"schedule", "world_size", "experts", "batch", "query_len", "us_median", "graph_us_median",
+                        "gate_router"})
     EXPECT_NE(j.find(k), nullptr) << k;  // the fields docs/BENCH.md documents
   EXPECT_EQ(j.at("breakdown").as_array().size(), 1u);
 }

@@ -149,7 +149,7 @@ plan::Json results_json(const plan::Json& meta, double hbm_GBps, double fp8_TFLO
 plan::Json layer_row_json(const LayerRow& r) {
   plan::Json j = plan::Json::object();
   j.set("kernel", "moe_layer").set("system", "epkit").set("schedule", r.schedule).set("layout", r.layout);
-  j.set("shared", r.shared);
+  j.set("shared", r.shared).set("gate_router", r.gate_router);
   j.set("world_size", r.world_size).set("experts", r.experts).set("batch", r.batch).set("query_len", r.query_len);
   j.set("tokens", r.tokens).set("us_median", r.us_median).set("us_p99", r.us_p99);
   j.set("graph_us_median", r.graph_us_median).set("graph_us_p99", r.graph_us_p99);

@@ -74,6 +74,7 @@ struct LayerRow {
   std::string schedule;     // "none", "dispatch_overlap", "microbatch"
   std::string layout;       // dispatch's expert layout: "masked" / "packed"
   std::string shared = "in_stream";  // where the shared expert ran: "concurrent" (own branch) or "in_stream"
+  std::string gate_router = "separate";  // "fused": one kernel (moe::GateRouter), "separate": cuBLASLt's gate, then route()
   int world_size = 1, experts = 0, batch = 0, query_len = 1, tokens = 0;  // tokens = batch * query_len
   double us_median = 0, us_p99 = 0;              // one forward, event-timed, launched from the host
   double graph_us_median = 0, graph_us_p99 = 0;  // forwards replayed from a CUDA graph (time_graph)
