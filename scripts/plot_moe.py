@@ -17,9 +17,11 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-SYSTEMS = [("epkit", "epkit (CUTLASS grouped, 128x128 block scales)", "C0"),
-           ("torch_scaled_grouped_mm", "torch._scaled_grouped_mm (row-wise FP8)", "C1"),
-           ("torch_bmm_bf16", "torch.bmm bf16 (2x weight bytes)", "C2")]
+# (system, label, colour, the variant's suffix after the shape)
+SYSTEMS = [("epkit", "epkit (CUTLASS grouped, 128x128 block scales)", "C0", ""),
+           ("torch_scaled_grouped_mm", "torch._scaled_grouped_mm (row-wise FP8)", "C1", ""),
+           ("torch_bmm_bf16", "torch.bmm bf16 (2x weight bytes)", "C2", ""),
+           ("deepgemm", "DeepGEMM m_grouped_fp8_gemm_nt_masked", "C3", " masked")]
 
 
 def plot_kernels(doc, out):
@@ -30,9 +32,9 @@ def plot_kernels(doc, out):
         n, k = (4096, 7168) if shape == "up_gate" else (7168, 2048)
         ax_bw, ax_tf = axes[0][col], axes[1][col]
         for G, style in [(32, "-"), (16, "--")]:
-            for sysname, label, color in SYSTEMS:
+            for sysname, label, color, suffix in SYSTEMS:
                 pts = sorted((r["m"], r["weight_GBps"], r["TFLOPs"]) for r in rows
-                             if r["system"] == sysname and r["variant"] == shape and r["G"] == G)
+                             if r["system"] == sysname and r["variant"] == shape + suffix and r["G"] == G)
                 if not pts:
                     continue
                 ms = [p[0] for p in pts]
