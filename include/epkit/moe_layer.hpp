@@ -65,6 +65,9 @@ struct MoELayerConfig {
                                   // quantization (a graph branch when captured), beside dispatch, the routed
                                   // experts and combine; false: after combine, in stream order
   bool ue8m0_scales = false;    // power-of-two activation scales
+  bool fused_gate_router = true;  // decode batches (m <= 32 on the host, or a device m over at most 32 rows) run the
+                                  // gate GEMM and the router as one kernel (moe::GateRouter) where
+                                  // moe::gate_router_applies; false: cuBLASLt's gate, then route()
   int timeout_ms = -1;          // AllToAll's bound on device waits (-1: EPKIT_TIMEOUT_MS, else 10 s)
 };
 
@@ -154,8 +157,9 @@ class MoELayer {
   void check();
 
   // Diagnostics for breakdowns (epkit-moe layer): the kernels of half 0 as configured by the last
-  // begin() or forward(), one step each, with the same arguments and device counts. Steps whose
-  // `pair` is true ("dispatch", then "combine") must run together, in that order.
+  // begin() or forward(), one step each, with the same arguments and device counts ("gate" and
+  // "router", or "gate_router" where the fused kernel runs). Steps whose `pair` is true
+  // ("dispatch", then "combine") must run together, in that order.
   struct Step {
     std::string name;
     std::function<void(cudaStream_t)> run;

@@ -63,6 +63,7 @@ class MoELayerConfig:
     expected_tokens: int = 0           # device m only: tokens the GEMM configs are chosen for; 0 means the rows of x
     shared_concurrent: bool = True     # schedule none: the shared expert on its own stream (graph branch)
     ue8m0_scales: bool = False         # power-of-two activation scales
+    fused_gate_router: bool = True     # decode batches (<= 32 tokens): gate GEMM + router in one kernel
     timeout_ms: int = -1               # bound on device waits (-1: EPKIT_TIMEOUT_MS, else 10 s)
 
     def to_cpp(self) -> "_C.MoELayerConfig":
@@ -74,6 +75,7 @@ class MoELayerConfig:
         c.renormalize = bool(self.renormalize)
         c.ue8m0_scales = bool(self.ue8m0_scales)
         c.shared_concurrent = bool(self.shared_concurrent)
+        c.fused_gate_router = bool(self.fused_gate_router)
         c.routed_scaling = float(self.routed_scaling)
         # Defaults: this NVSHMEM PE, or world size 1 (no NVSHMEM needed) where NVSHMEM is not initialized.
         on_pe = _C.initialized()

@@ -217,7 +217,7 @@ std::string layer_config_repr(const MoELayerConfig& c) {
      << ", schedule=" << schedule_name(c.schedule) << ", layout=" << layout_name(c.layout)
      << ", expected_tokens=" << c.expected_tokens
      << ", shared_concurrent=" << (c.shared_concurrent ? "True" : "False") << ", ue8m0_scales=" << (c.ue8m0_scales ? "True" : "False")
-     << ", timeout_ms=" << c.timeout_ms << ")";
+     << ", fused_gate_router=" << (c.fused_gate_router ? "True" : "False") << ", timeout_ms=" << c.timeout_ms << ")";
   return os.str();
 }
 
@@ -366,6 +366,7 @@ void bind_moe(nb::module_& m) {
       .def_rw("expected_tokens", &MoELayerConfig::expected_tokens)
       .def_rw("shared_concurrent", &MoELayerConfig::shared_concurrent)
       .def_rw("ue8m0_scales", &MoELayerConfig::ue8m0_scales)
+      .def_rw("fused_gate_router", &MoELayerConfig::fused_gate_router)
       .def_rw("timeout_ms", &MoELayerConfig::timeout_ms)
       .def("validate", [](const MoELayerConfig& c) { validate(c); })
       .def("num_local_experts", [](const MoELayerConfig& c) { return num_local_experts(c); })

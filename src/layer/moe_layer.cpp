@@ -59,6 +59,7 @@ struct MoELayer::Impl {
   Arena arena;
   moe::ErrorRecord err;
   std::unique_ptr<moe::GateProjection> gate;
+  std::unique_ptr<moe::GateRouter> gate_router[2];  // one per half: a GateRouter runs one launch at a time
   std::vector<std::unique_ptr<AllToAll>> owned;
 
   // The grouped GEMMs: one object per (role, config); run() picks by the call's token hint.
@@ -123,6 +124,10 @@ struct MoELayer::Impl {
     return cfg.layout == ExpertLayout::kPacked ? Tensor(hf.offs, DType::kInt32, {L + 1}) : Tensor();
   }
   void route(Half& hf, cudaStream_t s);
+  // Whether this call of half hf runs the fused gate + router (decode sizes, where it applies).
+  bool fused_gate(const Half& hf) const;
+  void gate_router_step(Half& hf, cudaStream_t s);
+  moe::RouterArgs router_args(Half& hf) const;
   void gate_step(Half& hf, cudaStream_t s);
   void router_step(Half& hf, cudaStream_t s);
   void quant_step(Half& hf, cudaStream_t s);
@@ -216,6 +221,11 @@ void MoELayer::Impl::build(const std::vector<AllToAll*>& borrowed, bool owned_ob
   }
 
   gate = std::make_unique<moe::GateProjection>(cfg.hidden, cfg.num_experts, half[0].rows);
+  for (int h = 0; h < halves; ++h) {
+    const moe::GateShape gs{cfg.hidden, cfg.num_experts, std::min(half[h].rows, moe::kGateRouterMaxTokens)};
+    if (cfg.fused_gate_router && gs.max_tokens >= 1 && moe::gate_router_applies(gs, rcfg))
+      gate_router[h] = std::make_unique<moe::GateRouter>(gs.hidden, rcfg, gs.max_tokens);
+  }
   const int I = cfg.intermediate, Is = shared_intermediate(cfg), H = cfg.hidden;
   const bool packed = cfg.layout == ExpertLayout::kPacked;
   auto routed = [&](int n, int k) {
@@ -260,9 +270,24 @@ Tensor MoELayer::Impl::expert_tensor(const Half& hf, void* p, DType t, int64_t c
 }
 
 void MoELayer::Impl::route(Half& hf, cudaStream_t s) {
-  gate_step(hf, s);
-  router_step(hf, s);
+  if (fused_gate(hf)) {
+    gate_router_step(hf, s);
+  } else {
+    gate_step(hf, s);
+    router_step(hf, s);
+  }
   quant_step(hf, s);
+}
+
+bool MoELayer::Impl::fused_gate(const Half& hf) const {
+  const moe::GateRouter* g = gate_router[&hf == &half[0] ? 0 : 1].get();
+  if (g == nullptr) return false;
+  const int bound = g->shape().max_tokens;
+  return hf.host_m >= 0 ? hf.host_m <= bound : hf.x.shape[0] <= bound;
+}
+
+void MoELayer::Impl::gate_router_step(Half& hf, cudaStream_t s) {
+  gate_router[&hf == &half[0] ? 0 : 1]->run(hf.x, w.gate, router_args(hf), s);
 }
 
 void MoELayer::Impl::gate_step(Half& hf, cudaStream_t s) {
@@ -272,7 +297,7 @@ void MoELayer::Impl::gate_step(Half& hf, cudaStream_t s) {
   gate->run(hf.x, w.gate, Tensor(hf.logits, DType::kFP32, {hf.x.shape[0], cfg.num_experts}), gate_rows, s);
 }
 
-void MoELayer::Impl::router_step(Half& hf, cudaStream_t s) {
+moe::RouterArgs MoELayer::Impl::router_args(Half& hf) const {
   const int E = cfg.num_experts, K = cfg.topk;
   moe::RouterArgs ra;
   ra.logits = Tensor(hf.logits, DType::kFP32, {hf.x.shape[0], E});
@@ -283,8 +308,10 @@ void MoELayer::Impl::router_step(Half& hf, cudaStream_t s) {
   ra.topk_idx = Tensor(hf.idx, DType::kInt32, {hf.x.shape[0], K});
   ra.topk_weights = Tensor(hf.topw, DType::kFP32, {hf.x.shape[0], K});
   ra.error = err.device();
-  moe::route(rcfg, ra, s);
+  return ra;
 }
+
+void MoELayer::Impl::router_step(Half& hf, cudaStream_t s) { moe::route(rcfg, router_args(hf), s); }
 
 void MoELayer::Impl::quant_step(Half& hf, cudaStream_t s) {
   const int H = cfg.hidden;
@@ -620,15 +647,21 @@ std::vector<MoELayer::Step> MoELayer::steps() {
   EPKIT_CHECK(I.begun, "steps: run begin() or forward() first (the steps take its tensors and counts)");
   Impl::Half* hf = &I.half[0];
   Impl* p = &I;
-  std::vector<Step> v = {
-      {"gate", [p, hf](cudaStream_t s) { p->gate_step(*hf, s); }, false},
-      {"router", [p, hf](cudaStream_t s) { p->router_step(*hf, s); }, false},
+  std::vector<Step> v;
+  if (I.fused_gate(*hf)) {
+    v.push_back({"gate_router", [p, hf](cudaStream_t s) { p->gate_router_step(*hf, s); }, false});
+  } else {
+    v.push_back({"gate", [p, hf](cudaStream_t s) { p->gate_step(*hf, s); }, false});
+    v.push_back({"router", [p, hf](cudaStream_t s) { p->router_step(*hf, s); }, false});
+  }
+  std::vector<Step> rest = {
       {"quantize", [p, hf](cudaStream_t s) { p->quant_step(*hf, s); }, false},
       {"dispatch", [p, hf](cudaStream_t s) { p->dispatch(*hf, true, true, s); }, true},
       {"combine", [p, hf](cudaStream_t s) { p->combine(*hf, true, true, s); }, true},
       {"gemm_w13", [p, hf](cudaStream_t s) { p->gemm13_step(*hf, s); }, false},
       {"silu_mul_quantize", [p, hf](cudaStream_t s) { p->silu_step(*hf, s); }, false},
       {"gemm_w2", [p, hf](cudaStream_t s) { p->gemm2_step(*hf, s); }, false}};
+  v.insert(v.end(), rest.begin(), rest.end());
   if (I.cfg.num_shared_experts > 0) {
     v.push_back({"shared_expert", [p, hf](cudaStream_t s) { p->shared(*hf, s); }, false});
     v.push_back({"add_shared", [p, hf](cudaStream_t s) { p->add_shared(*hf, s); }, false});

@@ -26,3 +26,11 @@ void check_absent(const char* call, const Tensor& t, const char* name, const cha
 void check_token_count(const char* call, int num_tokens, const int32_t* num_tokens_device, int64_t rows);
 
 }  // namespace epkit::moe::detail
+
+namespace epkit::moe {
+struct RouterConfig;
+namespace detail {
+// The configuration part of warp_router_applies (router.hpp): everything but the tensors.
+bool warp_router_config_applies(const RouterConfig& cfg, const char** why);
+}  // namespace detail
+}  // namespace epkit::moe

@@ -26,4 +26,44 @@ void check_gate_args(const GateShape& s, const Tensor& x, const Tensor& w, const
   EPKIT_CHECK(m <= rl, call, ": m = ", m, " exceeds the rows of logits = ", rl);
 }
 
+bool gate_router_applies(const GateShape& s, const RouterConfig& r, const char** why) {
+  auto no = [&](const char* reason) {
+    if (why) *why = reason;
+    return false;
+  };
+  if (!detail::warp_router_config_applies(r, why)) return false;
+  if (s.num_experts != r.num_experts) return no("the gate's num_experts differs from the router's");
+  if (r.num_experts < 128) return no("num_experts must be 128, 256 or 512 (4-16 logits per lane, float4 sums)");
+  if (s.hidden <= 0 || s.hidden % kGateRouterSlice != 0) return no("hidden must be a multiple of 512");
+  if (s.max_tokens < 1 || s.max_tokens > kGateRouterMaxTokens) return no("max_tokens must be in [1, 32]");
+  if (why) *why = nullptr;
+  return true;
+}
+
+void check_gate_router_args(const GateShape& s, const RouterConfig& r, const Tensor& x, const Tensor& w,
+                            const RouterArgs& a) {
+  validate(s);
+  validate(r);
+  constexpr const char* call = "GateRouter::run";
+  const char* why = nullptr;
+  EPKIT_CHECK(gate_router_applies(s, r, &why), call, ": ", why);
+  check_router_args(r, a);
+  const int H = s.hidden, E = s.num_experts;
+  const int64_t rx = detail::check_tensor(call, x, "x", {DType::kBF16}, {-1, H}, 16);
+  detail::check_tensor(call, w, "w", {DType::kBF16}, {E, H}, 16);
+  detail::check_tensor(call, a.logits, "logits", {DType::kFP32}, {-1, E}, 16);
+  int64_t rows = a.logits.shape[0];
+  rows = a.topk_idx.shape[0] < rows ? a.topk_idx.shape[0] : rows;
+  rows = a.topk_weights.shape[0] < rows ? a.topk_weights.shape[0] : rows;
+  if (a.num_tokens_device == nullptr) {
+    EPKIT_CHECK(a.num_tokens <= s.max_tokens, call, ": m = ", a.num_tokens, " exceeds max_tokens = ", s.max_tokens);
+    EPKIT_CHECK(a.num_tokens <= rx, call, ": m = ", a.num_tokens, " exceeds the rows of x = ", rx);
+  } else {
+    rows = rx < rows ? rx : rows;
+    EPKIT_CHECK(rows <= s.max_tokens, call, ": with m on the device, the ", rows,
+                " rows of x and the router outputs exceed max_tokens = ", s.max_tokens,
+                " (pass tensors of at most max_tokens rows)");
+  }
+}
+
 }  // namespace epkit::moe

@@ -1,14 +1,20 @@
-// The router kernel (epkit/moe/router.hpp): one warp per token, the token's E scores in registers
-// (V = E/32 rounded up to a power of two per lane, lane l holding experts [l V, l V + V)), K rounds
-// of warp arg-max, each one redux.sync max over 32-bit order keys plus a ballot: since lane l holds
-// lower indices than lane l + 1, the lowest lane holding the maximum holds the lowest such index.
-// Grouped mode writes s' to a per-warp shared-memory row to score and rank the groups.
-// A persistent grid over tokens reads m (the device counter) once.
+// The router kernels (epkit/moe/router.hpp). Both run one warp per token over a persistent grid
+// that reads m (the device counter) once, and give the same bits.
+//
+// kGeneral: the token's E scores in registers (V = E/32 rounded up to a power of two per lane,
+// lane l holding experts [l V, l V + V)), K rounds of warp arg-max, each one redux.sync max over
+// 32-bit order keys plus a ballot: since lane l holds lower indices than lane l + 1, the lowest lane
+// holding the maximum holds the lowest such index. Grouped mode writes s' to a per-warp
+// shared-memory row to score and rank the groups.
+//
+// kWarpGrouped (grouped mode, E = 32 V, groups of whole lanes): the same layout with everything in
+// registers, no shared memory, no barrier (moe/router_warp.cuh).
 #include <cuda_runtime.h>
 
 #include "epkit/error.hpp"
 #include "epkit/moe/router.hpp"
 #include "moe/kernel_util.cuh"
+#include "moe/router_warp.cuh"
 
 namespace epkit::moe {
 namespace {
@@ -228,6 +234,40 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) router_kernel(const Route
   }
 }
 
+// ---- kWarpGrouped -------------------------------------------------------------------------------
+
+template <typename T, int V>
+__global__ void __launch_bounds__(kWarpsPerBlock * 32) warp_router_kernel(const RouterParams p) {
+  constexpr int E = 32 * V;
+  const int lane = threadIdx.x & 31;
+  const int gwarp = blockIdx.x * kWarpsPerBlock + (threadIdx.x >> 5), nwarps = gridDim.x * kWarpsPerBlock;
+  const int num_tokens = detail::resolve_num_tokens(p.num_tokens, p.num_tokens_device, p.rows, p.error,
+                                                    KernelId::kRouter, blockIdx.x == 0 && threadIdx.x == 0);
+  if (p.num_tokens_out != nullptr && blockIdx.x == 0 && threadIdx.x == 0) *p.num_tokens_out = num_tokens;
+  if (gwarp >= num_tokens) return;  // whole warps: every collective below runs on a full warp
+
+  const detail::WarpRoute r{p.topk, p.topk_groups, p.lanes_per_group, p.use_groups, p.scaling, p.topk_idx,
+                            p.topk_weights};
+  float bias[V];
+  detail::load_lane_bias<V>(p.bias, lane, bias);
+  for (int t = gwarp; t < num_tokens; t += nwarps) {
+    float s[V];
+    detail::load_lane_scores<T, V>(static_cast<const T*>(p.logits) + static_cast<size_t>(t) * E, lane, s);
+    detail::warp_route_token<V>(r, lane, t, s, bias);
+  }
+}
+
+template <typename T>
+void launch_warp(const RouterParams& p, int vpl, dim3 grid, cudaStream_t s) {
+  switch (vpl) {
+    case 2: warp_router_kernel<T, 2><<<grid, kWarpsPerBlock * 32, 0, s>>>(p); break;
+    case 4: warp_router_kernel<T, 4><<<grid, kWarpsPerBlock * 32, 0, s>>>(p); break;
+    case 8: warp_router_kernel<T, 8><<<grid, kWarpsPerBlock * 32, 0, s>>>(p); break;
+    case 16: warp_router_kernel<T, 16><<<grid, kWarpsPerBlock * 32, 0, s>>>(p); break;
+    default: EPKIT_FAIL("route: no warp_grouped kernel for ", vpl, " experts per lane");
+  }
+}
+
 template <typename T, bool kGrouped>
 void launch_t(const RouterParams& p, int vpl, dim3 grid, size_t smem, cudaStream_t s) {
   switch (vpl) {
@@ -291,8 +331,15 @@ void route(const RouterConfig& c, const RouterArgs& a, cudaStream_t stream) {
   int64_t blocks = (cover + kWarpsPerBlock - 1) / kWarpsPerBlock;
   const int64_t cap = static_cast<int64_t>(detail::sm_count()) * 16;
   blocks = blocks < 1 ? 1 : (blocks > cap ? cap : blocks);
-  const size_t smem = static_cast<size_t>(p.warp_smem_bytes) * kWarpsPerBlock;
   const dim3 grid(static_cast<unsigned>(blocks));
+  if (choose_router_kernel(c, a) == RouterKernel::kWarpGrouped) {
+    p.lanes_per_group = p.use_groups ? 32 / G : 32;
+    p.warp_smem_bytes = 0;
+    bf16 ? launch_warp<uint16_t>(p, vpl, grid, stream) : launch_warp<float>(p, vpl, grid, stream);
+    EPKIT_CUDA_CHECK(cudaGetLastError());
+    return;
+  }
+  const size_t smem = static_cast<size_t>(p.warp_smem_bytes) * kWarpsPerBlock;
   if (grouped) {
     bf16 ? launch_t<uint16_t, true>(p, vpl, grid, smem, stream) : launch_t<float, true>(p, vpl, grid, smem, stream);
   } else {

@@ -42,6 +42,14 @@ TEST(MoeBenchOptions, ModesListsAndErrors) {
   EXPECT_NE(error_of({"--schedules", "pipelined"}).find("'pipelined' is not one of"), std::string::npos);
   EXPECT_NE(error_of({"--bogus"}).find("unknown option '--bogus'"), std::string::npos);
   EXPECT_NE(error_of({"--json"}).find("--json needs a value"), std::string::npos);
+  EXPECT_EQ(o.router_kernels, std::vector<std::string>{"auto"});
+  EXPECT_EQ(o.rounds, 1);
+  o = parse_options({"--kernels", "router", "--router-kernels", "general,warp_grouped", "--rounds", "3"});
+  EXPECT_EQ(o.router_kernels, (std::vector<std::string>{"general", "warp_grouped"}));
+  EXPECT_EQ(o.rounds, 3);
+  EXPECT_NE(error_of({"--router-kernels", "fast"}).find("'fast' is not one of auto, general, warp_grouped"),
+            std::string::npos);
+  EXPECT_NE(error_of({"--rounds", "0"}).find("0 is outside [1, 100]"), std::string::npos);
 }
 
 TEST(MoeBenchRows, RatesAndTheCeilingThatBinds) {
@@ -126,7 +134,8 @@ TEST(MoeBenchJson, RowsCeilingsAndMergeKeepsOtherSystems) {
   l.schedule = "none", l.layout = "masked", l.experts = 256, l.batch = 1, l.query_len = 2, l.tokens = 2;
   l.us_median = 285, l.graph_us_median = 263, l.steps = {{"gate", 6.8}};
   const plan::Json j = layer_row_json(l);
-  for (const char* k : {"schedule", "world_size", "experts", "batch", "query_len", "us_median", "graph_us_median"})
+  for (const char* k : {"schedule", "world_size", "experts", "batch", "query_len", "us_median", "graph_us_median",
+                        "gate_router"})
     EXPECT_NE(j.find(k), nullptr) << k;  // the fields docs/BENCH.md documents
   EXPECT_EQ(j.at("breakdown").as_array().size(), 1u);
 }

@@ -1,7 +1,8 @@
 // GPU tests of the router against the host reference: indices and weights compared bit for bit
 // (softmax without renormalisation: a stated tolerance), on random and tie-heavy logits, DeepSeek
 // and Mixtral shapes, random configurations, m = 0, m from the device counter (clamped and
-// reported above rows), and one captured graph replayed at several m.
+// reported above rows), and one captured graph replayed at several m. Grouped cases run each
+// kernel route() has (RouterConfig::kernel): the general one and, where it applies, warp_grouped.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -26,7 +27,8 @@ using moe_test::case_seed;
 using moe_test::DeviceArray;
 
 std::string describe(const RouterConfig& c, DType dt, int rows, int m) {
-  return std::string(router_mode_name(c.mode)) + " E=" + std::to_string(c.num_experts) + " K=" + std::to_string(c.topk) +
+  return std::string(router_mode_name(c.mode)) + " kernel=" + router_kernel_name(c.kernel) +
+         " E=" + std::to_string(c.num_experts) + " K=" + std::to_string(c.topk) +
          " G=" + std::to_string(c.num_groups) + " TG=" + std::to_string(c.topk_groups) +
          " renorm=" + std::to_string(c.renormalize) + " " + dtype_name(dt) + " rows=" + std::to_string(rows) +
          " m=" + std::to_string(m);
@@ -128,6 +130,18 @@ float softmax_tolerance(const RouterConfig& c) {
                                                               : 0.0f;
 }
 
+// The kernels a configuration can run: kAuto, kGeneral and, where it applies, kWarpGrouped.
+std::vector<RouterConfig> with_each_kernel(RouterConfig c) {
+  std::vector<RouterConfig> out;
+  for (RouterKernel k : {RouterKernel::kAuto, RouterKernel::kGeneral, RouterKernel::kWarpGrouped}) {
+    c.kernel = k;
+    RouterArgs probe;
+    probe.logits = Tensor(reinterpret_cast<void*>(0x10000), DType::kFP32, {1, c.num_experts});
+    if (k != RouterKernel::kWarpGrouped || warp_router_applies(c, probe)) out.push_back(c);
+  }
+  return out;
+}
+
 void run_case(const RouterConfig& c, DType dt, int rows, int m, bool ties, uint64_t seed) {
   std::mt19937_64 rng(seed);
   const bool bias = c.mode == RouterMode::kGroupedTopK && (rng() & 3) != 0;
@@ -143,8 +157,40 @@ void run_case(const RouterConfig& c, DType dt, int rows, int m, bool ties, uint6
 }
 
 TEST(Router, DeepSeekGroupedTopK) {
-  for (DType dt : {DType::kBF16, DType::kFP32})
-    for (bool ties : {false, true}) run_case(deepseek(), dt, 4096, 4093, ties, case_seed(1 + ties + 2 * (dt == DType::kFP32)));
+  const std::vector<RouterConfig> cs = with_each_kernel(deepseek());
+  ASSERT_EQ(cs.size(), 3u);
+  for (const RouterConfig& c : cs)
+    for (DType dt : {DType::kBF16, DType::kFP32})
+      for (bool ties : {false, true}) run_case(c, dt, 4096, 4093, ties, case_seed(1 + ties + 2 * (dt == DType::kFP32)));
+}
+
+// More tokens than the persistent grid has warps (132 SMs x 16 blocks x 4 warps on an H100/H200):
+// each warp routes several tokens.
+TEST(Router, WarpKernelLoopsOverTokensBeyondTheGrid) {
+  RouterConfig c = deepseek();
+  c.kernel = RouterKernel::kWarpGrouped;
+  run_case(c, DType::kFP32, 20000, 19999, false, case_seed(5));
+  run_case(c, DType::kBF16, 20000, 20000, true, case_seed(6));
+}
+
+// Every shape the warp kernel takes: 2, 4, 8 and 16 experts per lane, groups of 1 to 32 lanes or
+// no group step, both dtypes, ties.
+TEST(Router, WarpKernelEveryLaneLayout) {
+  std::mt19937_64 rng(case_seed(50));
+  for (int E : {64, 128, 256, 512})
+    for (int G : {1, 2, 4, 8, 16, 32, 64}) {
+      if (E % G) continue;
+      for (int keep : {1, G / 2, G}) {
+        if (keep < 1 || (G == 64 && keep != G)) continue;  // 64 groups: the warp kernel only without a group step
+        RouterConfig c = deepseek();
+        c.num_experts = E, c.num_groups = G, c.topk_groups = keep;
+        c.topk = 1 + static_cast<int>(rng() % std::min(kMaxTopK, keep * (E / G)));
+        c.kernel = RouterKernel::kWarpGrouped;
+        const DType dt = rng() % 2 ? DType::kBF16 : DType::kFP32;
+        SCOPED_TRACE(describe(c, dt, 300, 257));
+        run_case(c, dt, 300, 257, rng() % 2, rng());
+      }
+    }
 }
 
 TEST(Router, MixtralSoftmaxTopK) {
@@ -179,18 +225,35 @@ TEST(Router, RandomConfigurations) {
     const DType dt = rng() % 2 ? DType::kBF16 : DType::kFP32;
     const int rows = 1 + static_cast<int>(rng() % 700);
     const int m = static_cast<int>(rng() % (rows + 1));
-    SCOPED_TRACE(describe(c, dt, rows, m));
-    run_case(c, dt, rows, m, rng() % 2, rng());
+    const bool ties = rng() % 2;
+    const uint64_t seed = rng();
+    for (const RouterConfig& ck : with_each_kernel(c)) {
+      SCOPED_TRACE(describe(ck, dt, rows, m));
+      run_case(ck, dt, rows, m, ties, seed);
+    }
   }
 }
 
 TEST(Router, ZeroTokensWritesNothing) {
-  run_case(deepseek(), DType::kBF16, 16, 0, false, case_seed(200));
+  for (const RouterConfig& c : with_each_kernel(deepseek())) run_case(c, DType::kBF16, 16, 0, false, case_seed(200));
   run_case(mixtral(), DType::kFP32, 16, 0, false, case_seed(201));
 }
 
-TEST(Router, DeviceTokenCountIsReadOnDeviceAndClampedWhenAboveRows) {
-  const RouterConfig c = deepseek();
+class RouterKernels : public ::testing::TestWithParam<RouterKernel> {
+ protected:
+  RouterConfig config() const {
+    RouterConfig c = deepseek();
+    c.kernel = GetParam();
+    return c;
+  }
+};
+
+INSTANTIATE_TEST_SUITE_P(EachKernel, RouterKernels,
+                         ::testing::Values(RouterKernel::kGeneral, RouterKernel::kWarpGrouped),
+                         [](const ::testing::TestParamInfo<RouterKernel>& i) { return router_kernel_name(i.param); });
+
+TEST_P(RouterKernels, DeviceTokenCountIsReadOnDeviceAndClampedWhenAboveRows) {
+  const RouterConfig c = config();
   const int rows = 300;
   std::mt19937_64 rng(case_seed(300));
   Inputs in = make_inputs(c, DType::kBF16, rows, false, true, rng);
@@ -224,8 +287,8 @@ TEST(Router, DeviceTokenCountIsReadOnDeviceAndClampedWhenAboveRows) {
   }
 }
 
-TEST(Router, OneCapturedGraphServesEveryM) {
-  const RouterConfig c = deepseek();
+TEST_P(RouterKernels, OneCapturedGraphServesEveryM) {
+  const RouterConfig c = config();
   const int rows = 512;
   std::mt19937_64 rng(case_seed(400));
   Inputs in = make_inputs(c, DType::kBF16, rows, false, true, rng);

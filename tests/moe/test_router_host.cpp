@@ -2,12 +2,16 @@
 // and the host reference (epkit::ref::route) on small hand-computed cases.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <random>
 #include <vector>
 
 #include "epkit/moe/gate.hpp"
 #include "reference/moe/reference.hpp"
 #include "epkit/moe/router.hpp"
+#include "moe/moe_math.hpp"
 #include "expect_error.hpp"
 #include "host_testing.hpp"
 
@@ -152,6 +156,278 @@ TEST(GateValidate, ShapesAndArguments) {
   EXPECT_EPKIT_ERROR(check_gate_args(s, x2, w, l, 1), "x data pointer is not 16-byte aligned");
   l2 = l, l2.dtype = DType::kBF16;
   EXPECT_EPKIT_ERROR(check_gate_args(s, x, w, l2, 1), "logits has dtype bf16", "fp32");
+}
+
+// --- the fused gate + router: where it applies, and its one validation ---
+
+TEST(GateRouterValidate, AppliesToDeepSeekDecode) {
+  const RouterConfig c = deepseek();
+  const char* why = nullptr;
+  EXPECT_TRUE(gate_router_applies(GateShape{7168, 256, 32}, c, &why)) << why;
+  EXPECT_TRUE(gate_router_applies(GateShape{7168, 256, 1}, c));
+  EXPECT_TRUE(gate_router_applies(GateShape{512, 256, 8}, c));
+  RouterConfig e512 = c;
+  e512.num_experts = 512, e512.num_groups = 16;
+  EXPECT_TRUE(gate_router_applies(GateShape{4096, 512, 32}, e512));
+
+  EXPECT_FALSE(gate_router_applies(GateShape{7168, 256, 33}, c, &why));
+  EXPECT_NE(std::string(why).find("max_tokens must be in [1, 32]"), std::string::npos) << why;
+  EXPECT_FALSE(gate_router_applies(GateShape{7000, 256, 32}, c, &why));
+  EXPECT_NE(std::string(why).find("hidden must be a multiple of 512"), std::string::npos) << why;
+  EXPECT_FALSE(gate_router_applies(GateShape{7168, 128, 32}, c, &why));
+  EXPECT_NE(std::string(why).find("num_experts differs"), std::string::npos) << why;
+  RouterConfig e64 = c;
+  e64.num_experts = 64;
+  EXPECT_FALSE(gate_router_applies(GateShape{7168, 64, 32}, e64, &why));
+  EXPECT_NE(std::string(why).find("128, 256 or 512"), std::string::npos) << why;
+  EXPECT_FALSE(gate_router_applies(GateShape{4096, 8, 32}, mixtral(), &why));
+  EXPECT_NE(std::string(why).find("grouped_topk only"), std::string::npos) << why;
+  RouterConfig v2 = c;
+  v2.num_experts = 160, v2.topk = 6, v2.topk_groups = 3;
+  EXPECT_FALSE(gate_router_applies(GateShape{5120, 160, 32}, v2, &why));
+}
+
+TEST(GateRouterValidate, ChecksTheGemmAndTheRouterArguments) {
+  const RouterConfig c = deepseek();
+  const GateShape s{7168, 256, 32};
+  RouterTensors t(c, 16, 16);
+  t.a.logits.dtype = DType::kFP32;
+  const Tensor x(fake(0x50000), DType::kBF16, {16, 7168}), w(fake(0x60000), DType::kBF16, {256, 7168});
+  EXPECT_NO_THROW(check_gate_router_args(s, c, x, w, t.a));
+
+  RouterArgs a = t.a;
+  a.logits.dtype = DType::kBF16;  // the kernel writes fp32 logits
+  EXPECT_EPKIT_ERROR(check_gate_router_args(s, c, x, w, a), "logits has dtype bf16", "fp32");
+  a = t.a, a.logits.data = fake(0x10004);
+  EXPECT_EPKIT_ERROR(check_gate_router_args(s, c, x, w, a), "logits data pointer is not 16-byte aligned");
+  Tensor x2 = x;
+  x2.shape[1] = 4096;
+  EXPECT_EPKIT_ERROR(check_gate_router_args(s, c, x2, w, t.a), "x has shape [16, 4096]", "expected 7168");
+  x2 = x, x2.shape[0] = 8;
+  EXPECT_EPKIT_ERROR(check_gate_router_args(s, c, x2, w, t.a), "m = 16", "rows of x = 8");
+  Tensor w2 = w;
+  w2.dtype = DType::kFP8E4M3;
+  EXPECT_EPKIT_ERROR(check_gate_router_args(s, c, x, w2, t.a), "w has dtype fp8_e4m3", "bf16");
+  EXPECT_EPKIT_ERROR(check_gate_router_args(GateShape{7168, 256, 8}, c, x, w, t.a), "m = 16",
+                     "max_tokens = 8");
+  RouterTensors big(c, 64, 64);  // 64 rows: a host m <= 32 is fine, a device m could exceed 32
+  big.a.logits.dtype = DType::kFP32;
+  const Tensor xb(fake(0x50000), DType::kBF16, {64, 7168});
+  big.a.num_tokens = 20;
+  EXPECT_NO_THROW(check_gate_router_args(s, c, xb, w, big.a));
+  int32_t dev_m = 0;
+  big.a.num_tokens = -1, big.a.num_tokens_device = &dev_m;
+  EXPECT_EPKIT_ERROR(check_gate_router_args(s, c, xb, w, big.a), "with m on the device, the 64 rows",
+                     "max_tokens = 32");
+  RouterConfig soft = mixtral();
+  EXPECT_EPKIT_ERROR(check_gate_router_args(GateShape{7168, 8, 32}, soft, x, w, t.a), "grouped_topk only");
+}
+
+// --- which kernel route() runs ---
+
+TEST(RouterKernelChoice, WarpKernelWhereverItApplies) {
+  RouterConfig c = deepseek();
+  RouterTensors t(c, 64, 64);
+  EXPECT_TRUE(warp_router_applies(c, t.a));
+  EXPECT_EQ(choose_router_kernel(c, t.a), RouterKernel::kWarpGrouped);
+  t.a.logits.dtype = DType::kFP32;  // either dtype
+  EXPECT_EQ(choose_router_kernel(c, t.a), RouterKernel::kWarpGrouped);
+  for (int E : {64, 128, 512}) {  // 2, 4, 16 experts per lane
+    RouterConfig d = deepseek();
+    d.num_experts = E, d.num_groups = 8, d.topk_groups = 4;
+    RouterTensors u(d, 4, 4);
+    EXPECT_EQ(choose_router_kernel(d, u.a), RouterKernel::kWarpGrouped) << "E " << E;
+  }
+  for (int G : {1, 2, 4, 16, 32}) {  // groups of whole lanes
+    RouterConfig d = deepseek();
+    d.num_groups = G, d.topk_groups = std::max(1, G / 2), d.topk = std::min(8, d.topk_groups * (256 / G));
+    RouterTensors u(d, 4, 4);
+    EXPECT_EQ(choose_router_kernel(d, u.a), RouterKernel::kWarpGrouped) << "G " << G;
+  }
+  RouterConfig d = deepseek();
+  d.num_groups = 64, d.topk_groups = 64;  // every group kept: no group step, any group size
+  RouterTensors u(d, 4, 4);
+  EXPECT_EQ(choose_router_kernel(d, u.a), RouterKernel::kWarpGrouped);
+}
+
+TEST(RouterKernelChoice, GeneralKernelOtherwiseAndWhy) {
+  const char* why = nullptr;
+  RouterConfig c = mixtral();
+  RouterTensors t(c, 8, 8);
+  EXPECT_FALSE(warp_router_applies(c, t.a, &why));
+  EXPECT_NE(std::string(why).find("grouped_topk only"), std::string::npos) << why;
+  EXPECT_EQ(choose_router_kernel(c, t.a), RouterKernel::kGeneral);
+
+  c = deepseek(), c.num_experts = 160, c.num_groups = 8, c.topk_groups = 3, c.topk = 6;  // DeepSeek-V2
+  RouterTensors v2(c, 8, 8);
+  EXPECT_FALSE(warp_router_applies(c, v2.a, &why));
+  EXPECT_NE(std::string(why).find("64, 128, 256 or 512"), std::string::npos) << why;
+  EXPECT_EQ(choose_router_kernel(c, v2.a), RouterKernel::kGeneral);
+
+  c = deepseek(), c.num_groups = 64, c.topk_groups = 8;  // groups of 4 experts: half a lane
+  RouterTensors g(c, 8, 8);
+  EXPECT_FALSE(warp_router_applies(c, g.a, &why));
+  EXPECT_NE(std::string(why).find("power of two <= 32"), std::string::npos) << why;
+  EXPECT_EQ(choose_router_kernel(c, g.a), RouterKernel::kGeneral);
+
+  c = deepseek();
+  RouterTensors mis(c, 8, 8);
+  mis.a.logits.data = fake(0x10004);  // 4-byte aligned: valid, but not for 16-byte loads
+  EXPECT_NO_THROW(check_router_args(c, mis.a));
+  EXPECT_FALSE(warp_router_applies(c, mis.a, &why));
+  EXPECT_EQ(choose_router_kernel(c, mis.a), RouterKernel::kGeneral);
+}
+
+TEST(RouterKernelChoice, AForcedKernelIsTakenOrRejected) {
+  RouterConfig c = deepseek();
+  RouterTensors t(c, 64, 64);
+  c.kernel = RouterKernel::kGeneral;
+  EXPECT_EQ(choose_router_kernel(c, t.a), RouterKernel::kGeneral);
+  EXPECT_NO_THROW(check_router_args(c, t.a));
+  c.kernel = RouterKernel::kWarpGrouped;
+  EXPECT_EQ(choose_router_kernel(c, t.a), RouterKernel::kWarpGrouped);
+  EXPECT_NO_THROW(check_router_args(c, t.a));
+  RouterConfig m = mixtral();
+  m.kernel = RouterKernel::kWarpGrouped;
+  RouterTensors u(m, 8, 8);
+  EXPECT_EPKIT_ERROR(check_router_args(m, u.a), "kernel = warp_grouped cannot run this call", "grouped_topk only");
+  m.kernel = static_cast<RouterKernel>(9);
+  EXPECT_EPKIT_ERROR(validate(m), "kernel = 9", "not a RouterKernel");
+  EXPECT_STREQ(router_kernel_name(RouterKernel::kWarpGrouped), "warp_grouped");
+  EXPECT_STREQ(router_kernel_name(RouterKernel::kGeneral), "general");
+}
+
+// --- the warp kernel's algorithm, lane by lane, against the reference ---
+//
+// A host model of warp_router_kernel (src/moe/router.cu): 32 lanes of V scores each, every shuffle
+// and warp reduction written out over the lanes. It checks the algorithm (each lane's top two, the
+// xor merge over a group's lanes, the group key made from keys, the rank by shuffles, the arg-max
+// tree and rounds) against ref::route bit for bit, on the CPU.
+namespace m = math;
+
+void warp_model(const RouterConfig& c, const float* l, const float* bias, int32_t* idx, float* w) {
+  const int E = c.num_experts, V = E / 32, K = c.topk, G = c.num_groups;
+  const bool use_groups = c.topk_groups < G;
+  const int lpg = use_groups ? 32 / G : 32;
+  std::vector<float> s(E);
+  std::vector<uint32_t> key(E);
+  for (int e = 0; e < E; ++e) {
+    s[e] = m::sigmoid(l[e]);
+    key[e] = m::order_key(m::fadd(s[e], bias ? bias[e] : 0.0f));
+  }
+  if (use_groups) {
+    uint32_t k1[32], k2[32], gkey[32];
+    for (int lane = 0; lane < 32; ++lane) {
+      k1[lane] = k2[lane] = 0;
+      for (int j = 0; j < V; ++j) {
+        const uint32_t x = key[lane * V + j];
+        k2[lane] = std::max(k2[lane], std::min(k1[lane], x));
+        k1[lane] = std::max(k1[lane], x);
+      }
+    }
+    for (int off = 1; off < lpg; off <<= 1) {
+      uint32_t n1[32], n2[32];
+      for (int lane = 0; lane < 32; ++lane) {
+        const uint32_t o1 = k1[lane ^ off], o2 = k2[lane ^ off];
+        n2[lane] = std::max(std::min(k1[lane], o1), std::max(k2[lane], o2));
+        n1[lane] = std::max(k1[lane], o1);
+      }
+      std::memcpy(k1, n1, sizeof k1), std::memcpy(k2, n2, sizeof k2);
+    }
+    for (int lane = 0; lane < 32; ++lane) gkey[lane] = m::order_key(m::fadd(m::key_value(k1[lane]), m::key_value(k2[lane])));
+    for (int lane = 0; lane < 32; ++lane) {
+      int better = 0;
+      for (int h = 0; h < 32 / lpg; ++h) {
+        const uint32_t kh = gkey[h * lpg];
+        better += (kh > gkey[lane]) | ((kh == gkey[lane]) & (h < lane / lpg));
+      }
+      if (better >= c.topk_groups)
+        for (int j = 0; j < V; ++j) key[lane * V + j] = 0;
+    }
+  }
+  auto lane_best = [&](int lane, uint32_t& bk, int& bj, float& bs) {
+    std::vector<uint32_t> k(key.begin() + lane * V, key.begin() + lane * V + V);
+    std::vector<int> j(V);
+    std::vector<float> v(s.begin() + lane * V, s.begin() + lane * V + V);
+    for (int i = 0; i < V; ++i) j[i] = i;
+    for (int step = 1; step < V; step *= 2)
+      for (int i = 0; i < V; i += 2 * step)
+        if (k[i + step] > k[i]) k[i] = k[i + step], j[i] = j[i + step], v[i] = v[i + step];
+    bk = k[0], bj = j[0], bs = v[0];
+  };
+  uint32_t bk[32];
+  int bj[32];
+  float bs[32];
+  for (int lane = 0; lane < 32; ++lane) lane_best(lane, bk[lane], bj[lane], bs[lane]);
+  float sum = 0.0f, my_s[32] = {};
+  for (int k = 0; k < K; ++k) {
+    const uint32_t best = *std::max_element(bk, bk + 32);
+    int win = 0;
+    while (bk[win] != best) ++win;  // the lowest lane of the ballot
+    sum = m::fadd(sum, bs[win]);
+    idx[k] = win * V + bj[win], my_s[k] = bs[win];
+    key[win * V + bj[win]] = 0;
+    lane_best(win, bk[win], bj[win], bs[win]);
+  }
+  for (int k = 0; k < K; ++k) w[k] = m::fmul(m::fdiv(my_s[k], sum), c.routed_scaling);
+}
+
+float special_or(std::mt19937_64& rng, float v) {
+  switch (rng() % 24) {
+    case 0: return 0.0f;
+    case 1: return -0.0f;
+    case 2: return INFINITY;
+    case 3: return -INFINITY;
+    case 4: return NAN;
+    case 5: return 100.0f;  // sigmoid 1
+    case 6: return -100.0f;  // sigmoid 0 (a group of zeros)
+    default: return v;
+  }
+}
+
+TEST(RouterWarpModel, MatchesTheReferenceBitForBit) {
+  std::mt19937_64 rng(12345);
+  std::normal_distribution<float> nd(0.0f, 2.0f);
+  std::uniform_int_distribution<int> pick(-4, 4);
+  int cases = 0;
+  for (int trial = 0; trial < 3000; ++trial) {
+    RouterConfig c = deepseek();
+    c.num_experts = 64 << (rng() % 4);
+    const int G = 1 << (rng() % 6);
+    c.num_groups = G;
+    c.topk_groups = 1 + static_cast<int>(rng() % G);
+    c.topk = 1 + static_cast<int>(rng() % std::min(kMaxTopK, c.topk_groups * (c.num_experts / G)));
+    c.routed_scaling = 0.5f + 0.25f * static_cast<float>(rng() % 8);
+    RouterTensors t(c, 1, 1);
+    ASSERT_TRUE(warp_router_applies(c, t.a));
+    const int E = c.num_experts, mode = static_cast<int>(rng() % 3);  // random, ties, specials
+    std::vector<float> l(E), bias(E);
+    for (float& v : l) v = mode == 1 ? 0.5f * pick(rng) : mode == 2 ? special_or(rng, nd(rng)) : nd(rng);
+    for (float& b : bias) b = mode == 1 ? 0.125f * static_cast<float>(rng() % 3) : 0.05f * nd(rng);
+    const bool with_bias = rng() % 4 != 0;
+    std::vector<int32_t> want_i(c.topk), got_i(c.topk);
+    std::vector<float> want_w(c.topk), got_w(c.topk);
+    ref::route(c, 1, l.data(), with_bias ? bias.data() : nullptr, want_i.data(), want_w.data());
+    warp_model(c, l.data(), with_bias ? bias.data() : nullptr, got_i.data(), got_w.data());
+    ASSERT_EQ(got_i, want_i) << "E " << E << " G " << G << " TG " << c.topk_groups << " K " << c.topk << " mode " << mode;
+    for (int k = 0; k < c.topk; ++k)
+      ASSERT_EQ(ref::float_to_bits(got_w[k]), ref::float_to_bits(want_w[k])) << "k " << k << " mode " << mode;
+    ++cases;
+  }
+  EXPECT_EQ(cases, 3000);
+}
+
+// A group's key from its two best keys: a key names its value up to the sign of a zero and a NaN's
+// payload, and neither changes the key of the sum.
+TEST(RouterWarpModel, GroupKeyFromKeysEqualsTheKeyOfTheSum) {
+  const float vals[] = {0.0f, -0.0f, 1.0f, -1.0f, 0.5f, 1e-38f, -1e-38f, 3.4e38f, -3.4e38f, INFINITY, -INFINITY, NAN,
+                        -NAN, 1e-45f, -1e-45f, 0.25f};
+  for (float a : vals)
+    for (float b : vals) {
+      const uint32_t want = m::order_key(m::fadd(a, b));
+      const uint32_t got = m::order_key(m::fadd(m::key_value(m::order_key(a)), m::key_value(m::order_key(b))));
+      EXPECT_EQ(got, want) << a << " + " << b;
+    }
 }
 
 // --- the reference on hand-computed cases ---

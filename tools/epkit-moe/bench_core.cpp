@@ -46,8 +46,9 @@ std::vector<int> ints(const std::string& opt, const std::string& s, int lo, int 
 }  // namespace
 
 std::string usage() {
-  return "usage: epkit-moe [kernels|layer] [--kernels router,quantize,silu_mul_quantize,grouped_gemm]\n"
+  return "usage: epkit-moe [kernels|layer] [--kernels router,gate_router,quantize,silu_mul_quantize,grouped_gemm]\n"
          "                 [--groups 2,8,16,32,64] [--m 1,4,...,4096] [--sweep-configs]\n"
+         "                 [--router-kernels auto,general,warp_grouped] [--rounds N]\n"
          "                 [--batches 1,4,16,32,64,128] [--query-lens 1,2] [--experts 256,32]\n"
          "                 [--schedules none,dispatch_overlap,microbatch] [--quick] [--json FILE] [--merge FILE]\n";
 }
@@ -60,15 +61,17 @@ Options parse_options(const std::vector<std::string>& args) {
     EPKIT_CHECK(i + 1 < args.size(), opt, " needs a value");
     return args[++i];
   };
-  static const std::vector<std::string> kKernels = {"router", "quantize", "silu_mul_quantize", "grouped_gemm"};
+  static const std::vector<std::string> kKernels = {"router", "gate_router", "quantize", "silu_mul_quantize",
+                                                    "grouped_gemm"};
   static const std::vector<std::string> kSchedules = {"none", "dispatch_overlap", "microbatch"};
+  static const std::vector<std::string> kRouterKernels = {"auto", "general", "warp_grouped"};
   for (; i < args.size(); ++i) {
     const std::string& a = args[i];
     if (a == "--kernels") {
       o.kernels = split(value(a));
       for (const auto& k : o.kernels)
         EPKIT_CHECK(std::find(kKernels.begin(), kKernels.end(), k) != kKernels.end(), "--kernels: '", k,
-                    "' is not one of router, quantize, silu_mul_quantize, grouped_gemm");
+                    "' is not one of router, gate_router, quantize, silu_mul_quantize, grouped_gemm");
     } else if (a == "--groups") {
       o.groups = ints(a, value(a), 1, 512);
     } else if (a == "--m") {
@@ -84,6 +87,14 @@ Options parse_options(const std::vector<std::string>& args) {
       for (const auto& s : o.schedules)
         EPKIT_CHECK(std::find(kSchedules.begin(), kSchedules.end(), s) != kSchedules.end(), "--schedules: '", s,
                     "' is not one of none, dispatch_overlap, microbatch");
+    } else if (a == "--router-kernels") {
+      o.router_kernels = split(value(a));
+      EPKIT_CHECK(!o.router_kernels.empty(), a, " needs at least one value");
+      for (const auto& k : o.router_kernels)
+        EPKIT_CHECK(std::find(kRouterKernels.begin(), kRouterKernels.end(), k) != kRouterKernels.end(),
+                    "--router-kernels: '", k, "' is not one of auto, general, warp_grouped");
+    } else if (a == "--rounds") {
+      o.rounds = ints(a, value(a), 1, 100).front();
     } else if (a == "--sweep-configs") {
       o.sweep_configs = true;
     } else if (a == "--quick") {
@@ -138,7 +149,7 @@ plan::Json results_json(const plan::Json& meta, double hbm_GBps, double fp8_TFLO
 plan::Json layer_row_json(const LayerRow& r) {
   plan::Json j = plan::Json::object();
   j.set("kernel", "moe_layer").set("system", "epkit").set("schedule", r.schedule).set("layout", r.layout);
-  j.set("shared", r.shared);
+  j.set("shared", r.shared).set("gate_router", r.gate_router);
   j.set("world_size", r.world_size).set("experts", r.experts).set("batch", r.batch).set("query_len", r.query_len);
   j.set("tokens", r.tokens).set("us_median", r.us_median).set("us_p99", r.us_p99);
   j.set("graph_us_median", r.graph_us_median).set("graph_us_p99", r.graph_us_p99);

@@ -35,7 +35,7 @@ void finish_row(Row& r, double hbm_GBps, double fp8_TFLOPs);
 
 struct Options {
   std::string mode = "kernels";         // "kernels" or "layer"
-  std::vector<std::string> kernels = {"router", "quantize", "silu_mul_quantize", "grouped_gemm"};
+  std::vector<std::string> kernels = {"router", "gate_router", "quantize", "silu_mul_quantize", "grouped_gemm"};
   std::vector<int> groups = {2, 8, 16, 32, 64};
   std::vector<int> m = {1, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096};
   std::vector<int> batches = {1, 4, 16, 32, 64, 128};  // layer mode: batch per rank
@@ -43,6 +43,11 @@ struct Options {
   std::vector<int> experts = {256, 32};                  // layer mode: E on this GPU
   std::vector<std::string> schedules = {"none", "dispatch_overlap", "microbatch"};
   bool sweep_configs = false;  // grouped GEMM: time every compiled config, not only the heuristic's
+  // router: route()'s kernels to time on the grouped router ("auto": its own choice; "general",
+  // "warp_grouped": forced through RouterConfig::kernel), and rounds per point with the kernels
+  // interleaved (a row holds the median of its rounds' medians, the note each round's).
+  std::vector<std::string> router_kernels = {"auto"};
+  int rounds = 1;
   bool quick = false;          // fewer points and smaller ceilings (smoke runs)
   std::string json;            // write results here
   std::string merge;           // an existing JSON whose rows (other systems) are kept
@@ -69,6 +74,7 @@ struct LayerRow {
   std::string schedule;     // "none", "dispatch_overlap", "microbatch"
   std::string layout;       // dispatch's expert layout: "masked" / "packed"
   std::string shared = "in_stream";  // where the shared expert ran: "concurrent" (own branch) or "in_stream"
+  std::string gate_router = "separate";  // "fused": one kernel (moe::GateRouter), "separate": cuBLASLt's gate, then route()
   int world_size = 1, experts = 0, batch = 0, query_len = 1, tokens = 0;  // tokens = batch * query_len
   double us_median = 0, us_p99 = 0;              // one forward, event-timed, launched from the host
   double graph_us_median = 0, graph_us_p99 = 0;  // forwards replayed from a CUDA graph (time_graph)

@@ -5,7 +5,8 @@ What vLLM and SGLang run for DeepSeek-V3's experts on Hopper is DeepGEMM:
 `m_grouped_fp8_gemm_nt_masked` over the masked layout at decode and
 `m_grouped_fp8_gemm_nt_contiguous` at prefill. This script times both against epkit.grouped_gemm
 with epkit-moe's method and writes rows of system "deepgemm" (and "epkit_vs_deepgemm": epkit timed
-by this script, interleaved with DeepGEMM) into FILE, next to the rows of `epkit-moe kernels`:
+by this script, interleaved with DeepGEMM) into FILE, next to the rows of `epkit-moe kernels` (a
+point measured again replaces its rows; other points' rows stay):
 
   masked      both DeepSeek-V3 shapes, G in --groups, m in --m; even counts (every group m rows,
               capacity m) and uneven counts (epkit-moe's generator: G/4 groups empty, the others
@@ -416,7 +417,11 @@ def main():
         prewarm_jit(all_cases, args.jit_workers, os.environ.get("DG_JIT_CACHE_DIR", ""))
 
     rows = []
-    doc["rows"] = [r for r in doc.get("rows", []) if r.get("system") not in SYSTEMS]
+    # This run's points replace the same points of an earlier run of this script (a run split over
+    # calls, --layouts masked then contiguous, adds up); every other row is kept.
+    keys = {(variant(c), c["G"], c["m"]) for c in all_cases}
+    doc["rows"] = [r for r in doc.get("rows", [])
+                   if r.get("system") not in SYSTEMS or (r.get("variant"), r.get("G"), r.get("m")) not in keys]
     base_rows = list(doc["rows"])
     summary = []
     for c in all_cases:

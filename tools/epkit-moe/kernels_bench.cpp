@@ -2,10 +2,13 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <functional>
 #include <memory>
+#include <string>
 
 #include "epkit/error.hpp"
 #include "epkit/moe/activation.hpp"
+#include "epkit/moe/gate.hpp"
 #include "epkit/moe/grouped_gemm.hpp"
 #include "epkit/moe/quant.hpp"
 #include "epkit/moe/router.hpp"
@@ -35,6 +38,51 @@ Row timed(Row r, const Ceilings& c, const L2Flush& f, cudaStream_t s, const std:
 
 }  // namespace
 
+namespace {
+
+// Rows of several systems on one point, timed in `rounds` rounds with the systems interleaved (the
+// order reversed every other round): each row's median is the median of its rounds' medians, its
+// note lists every round's.
+std::vector<Row> timed_rounds(std::vector<Row> rs, int rounds, const Ceilings& c, const L2Flush& f, cudaStream_t s,
+                              const std::vector<std::function<void(int, cudaStream_t)>>& calls) {
+  if (rounds <= 1) {
+    for (size_t i = 0; i < rs.size(); ++i) rs[i] = timed(rs[i], c, f, s, calls[i]);
+    return rs;
+  }
+  std::vector<std::vector<Timing>> per(rs.size());
+  for (int r = 0; r < rounds; ++r) {
+    for (size_t n = 0; n < rs.size(); ++n) {
+      const size_t i = r % 2 ? rs.size() - 1 - n : n;
+      int nc = 0, nr = 0;
+      pick_repeats(est_us(rs[i].bytes, rs[i].flops), nc, nr);
+      per[i].push_back(time_graph(s, f, nc, nr, calls[i]));
+    }
+  }
+  for (size_t i = 0; i < rs.size(); ++i) {
+    std::vector<Timing> t = per[i];
+    std::string note = "rounds (us):";
+    for (const Timing& x : t) note += " " + std::to_string(x.us_median).substr(0, 6);
+    std::sort(t.begin(), t.end(), [](const Timing& a, const Timing& b) { return a.us_median < b.us_median; });
+    const Timing& mid = t[t.size() / 2];
+    Row& r = rs[i];
+    r.us_median = mid.us_median, r.us_p99 = mid.us_p99, r.calls = mid.calls, r.replays = mid.replays;
+    r.note = r.note.empty() ? note : r.note + "; " + note;
+    finish_row(r, c.hbm_read_GBps, c.fp8_dense_TFLOPs);
+    std::printf("  %-18s %-8s %-34s m=%-5d %9.2f us  (%s)\n", r.kernel.c_str(), r.system.c_str(), r.variant.c_str(), r.m,
+                r.us_median, note.c_str());
+    std::fflush(stdout);
+  }
+  return rs;
+}
+
+moe::RouterKernel router_kernel_of(const std::string& name) {
+  if (name == "general") return moe::RouterKernel::kGeneral;
+  if (name == "warp_grouped") return moe::RouterKernel::kWarpGrouped;
+  return moe::RouterKernel::kAuto;
+}
+
+}  // namespace
+
 std::vector<Row> bench_router(const Options& o, const Ceilings& c, const L2Flush& f, cudaStream_t s) {
   std::vector<Row> rows;
   struct Mode { const char* name; moe::RouterConfig cfg; };
@@ -47,26 +95,109 @@ std::vector<Row> bench_router(const Options& o, const Ceilings& c, const L2Flush
   const std::vector<int> tokens = o.quick ? std::vector<int>{128, 4096} : std::vector<int>{1, 16, 128, 512, 4096, 16384};
   for (const Mode& md : modes) {
     const int E = md.cfg.num_experts, K = md.cfg.topk;
+    const bool grouped = md.cfg.mode == moe::RouterMode::kGroupedTopK;
+    // The softmax router has one kernel; the grouped router is timed with each kernel asked for.
+    const std::vector<std::string> kernels = grouped ? o.router_kernels : std::vector<std::string>{"auto"};
     for (int m : tokens) {
       const size_t in_bytes = size_t(m) * E * 4 + E * 4, out_bytes = size_t(m) * K * 8;
       const int sets = rotation_sets(in_bytes, f.l2_bytes(), 20);
       Buffer logits(size_t(m) * E * 4 * sets), bias(E * 4), idx(size_t(m) * K * 4 * sets), w(size_t(m) * K * 4 * sets);
       fill_uniform(logits.get(), DType::kFP32, size_t(m) * E * sets, 17 + m, -4.f, 4.f, s);
       fill_uniform(bias.get(), DType::kFP32, E, 3, -0.1f, 0.1f, s);
-      Row r;
-      r.kernel = "router", r.system = "epkit", r.variant = md.name, r.G = 1, r.m = m, r.N = E, r.K = K;
-      r.bytes = static_cast<double>(in_bytes + out_bytes);
-      rows.push_back(timed(r, c, f, s, [&](int i, cudaStream_t st) {
-        const int set = i % sets;
-        moe::RouterArgs a;
-        a.logits = Tensor(logits.as<float>() + size_t(set) * m * E, DType::kFP32, {m, E});
-        if (md.cfg.mode == moe::RouterMode::kGroupedTopK) a.bias = Tensor(bias.get(), DType::kFP32, {E});
-        a.num_tokens = m;
-        a.topk_idx = Tensor(idx.as<int32_t>() + size_t(set) * m * K, DType::kInt32, {m, K});
-        a.topk_weights = Tensor(w.as<float>() + size_t(set) * m * K, DType::kFP32, {m, K});
-        moe::route(md.cfg, a, st);
-      }));
+      std::vector<Row> rs;
+      std::vector<std::function<void(int, cudaStream_t)>> calls;
+      for (const std::string& kname : kernels) {
+        moe::RouterConfig cfg = md.cfg;
+        cfg.kernel = router_kernel_of(kname);
+        auto args = [&, m, E, K, sets](int i) {
+          const int set = i % sets;
+          moe::RouterArgs a;
+          a.logits = Tensor(logits.as<float>() + size_t(set) * m * E, DType::kFP32, {m, E});
+          if (grouped) a.bias = Tensor(bias.get(), DType::kFP32, {E});
+          a.num_tokens = m;
+          a.topk_idx = Tensor(idx.as<int32_t>() + size_t(set) * m * K, DType::kInt32, {m, K});
+          a.topk_weights = Tensor(w.as<float>() + size_t(set) * m * K, DType::kFP32, {m, K});
+          return a;
+        };
+        Row r;
+        r.kernel = "router", r.system = "epkit", r.G = 1, r.m = m, r.N = E, r.K = K;
+        r.variant = std::string(md.name) + (kname == "auto" ? "" : " " + kname);
+        r.bytes = static_cast<double>(in_bytes + out_bytes);
+        r.note = std::string("kernel ") + moe::router_kernel_name(moe::choose_router_kernel(cfg, args(0)));
+        rs.push_back(r);
+        calls.push_back([cfg, args](int i, cudaStream_t st) { moe::route(cfg, args(i), st); });
+      }
+      for (Row& r : timed_rounds(rs, o.rounds, c, f, s, calls)) rows.push_back(r);
     }
+  }
+  return rows;
+}
+
+// The routed chain's first two steps at decode sizes, DeepSeek-V3 (H 7168, E 256, grouped top-8):
+// the gate GEMM (cuBLASLt) then the router, as two launches, against GateRouter (one launch).
+// "separate general" is the chain with the general router kernel (what the layer ran before the
+// warp kernel). All rows of one m are timed in interleaved rounds (--rounds).
+std::vector<Row> bench_gate_router(const Options& o, const Ceilings& c, const L2Flush& f, cudaStream_t s) {
+  std::vector<Row> rows;
+  constexpr int H = kHidden, E = 256, K = 8;
+  moe::RouterConfig ds;
+  ds.mode = moe::RouterMode::kGroupedTopK, ds.num_experts = E, ds.topk = K, ds.num_groups = 8, ds.topk_groups = 4,
+  ds.routed_scaling = 2.5f;
+  moe::RouterConfig general = ds;
+  general.kernel = moe::RouterKernel::kGeneral;
+  const std::vector<int> tokens = o.quick ? std::vector<int>{1, 32} : std::vector<int>{1, 2, 4, 8, 16, 32};
+  moe::GateProjection gate(H, E, moe::kGateRouterMaxTokens);
+  moe::GateRouter fused(H, ds, moe::kGateRouterMaxTokens);
+  for (int m : tokens) {
+    const size_t w_bytes = size_t(E) * H * 2, x_bytes = size_t(m) * H * 2, out_bytes = size_t(m) * (E * 4 + K * 8);
+    const int sets = rotation_sets(w_bytes + x_bytes + out_bytes, f.l2_bytes(), 20);
+    Buffer x(x_bytes * sets), w(w_bytes * sets), bias(E * 4), logits(size_t(m) * E * 4 * sets),
+        idx(size_t(m) * K * 4 * sets), tw(size_t(m) * K * 4 * sets);
+    fill_uniform(x.get(), DType::kBF16, size_t(m) * H * sets, 31 + m, -2.f, 2.f, s);
+    fill_uniform(w.get(), DType::kBF16, size_t(E) * H * sets, 37, -0.05f, 0.05f, s);
+    fill_uniform(bias.get(), DType::kFP32, E, 3, -0.1f, 0.1f, s);
+    auto tx = [&, m](int set) { return Tensor(x.as<uint8_t>() + size_t(set) * x_bytes, DType::kBF16, {m, H}); };
+    auto tw_ = [&](int set) { return Tensor(w.as<uint8_t>() + size_t(set) * w_bytes, DType::kBF16, {E, H}); };
+    auto ra = [&, m](int set) {
+      moe::RouterArgs a;
+      a.logits = Tensor(logits.as<float>() + size_t(set) * m * E, DType::kFP32, {m, E});
+      a.bias = Tensor(bias.get(), DType::kFP32, {E});
+      a.num_tokens = m;
+      a.topk_idx = Tensor(idx.as<int32_t>() + size_t(set) * m * K, DType::kInt32, {m, K});
+      a.topk_weights = Tensor(tw.as<float>() + size_t(set) * m * K, DType::kFP32, {m, K});
+      return a;
+    };
+    Row base;
+    base.kernel = "gate_router", base.system = "epkit", base.G = 1, base.m = m, base.N = E, base.K = H;
+    base.bytes = static_cast<double>(w_bytes + x_bytes + out_bytes);
+    base.weight_bytes = static_cast<double>(w_bytes);
+    base.flops = 2.0 * m * E * H;
+    std::vector<Row> rs;
+    std::vector<std::function<void(int, cudaStream_t)>> calls;
+    Row r = base;
+    r.variant = "separate", r.note = "cuBLASLt gate, then route() (warp_grouped)";
+    rs.push_back(r);
+    calls.push_back([&, m](int i, cudaStream_t st) {
+      const int set = i % sets;
+      const moe::RouterArgs a = ra(set);
+      gate.run(tx(set), tw_(set), a.logits, m, st);
+      moe::route(ds, a, st);
+    });
+    r.variant = "separate general", r.note = "cuBLASLt gate, then route() (general)";
+    rs.push_back(r);
+    calls.push_back([&, m](int i, cudaStream_t st) {
+      const int set = i % sets;
+      const moe::RouterArgs a = ra(set);
+      gate.run(tx(set), tw_(set), a.logits, m, st);
+      moe::route(general, a, st);
+    });
+    r.variant = "fused", r.note = "GateRouter: one launch";
+    rs.push_back(r);
+    calls.push_back([&](int i, cudaStream_t st) {
+      const int set = i % sets;
+      fused.run(tx(set), tw_(set), ra(set), st);
+    });
+    for (Row& x_ : timed_rounds(rs, o.rounds, c, f, s, calls)) rows.push_back(x_);
   }
   return rows;
 }

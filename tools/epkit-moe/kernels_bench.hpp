@@ -13,6 +13,7 @@
 namespace epkit::moebench {
 
 std::vector<Row> bench_router(const Options& o, const Ceilings& c, const L2Flush& f, cudaStream_t s);
+std::vector<Row> bench_gate_router(const Options& o, const Ceilings& c, const L2Flush& f, cudaStream_t s);
 std::vector<Row> bench_quantize(const Options& o, const Ceilings& c, const L2Flush& f, cudaStream_t s);
 std::vector<Row> bench_silu_mul_quantize(const Options& o, const Ceilings& c, const L2Flush& f, cudaStream_t s);
 std::vector<Row> bench_grouped_gemm(const Options& o, const Ceilings& c, const L2Flush& f, cudaStream_t s);

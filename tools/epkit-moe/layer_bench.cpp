@@ -9,6 +9,7 @@
 
 #include "epkit/communicator.hpp"
 #include "epkit/error.hpp"
+#include "epkit/moe/gate.hpp"
 #include "epkit/moe/quant.hpp"
 #include "epkit/moe_layer.hpp"
 #include "stats.hpp"
@@ -77,7 +78,7 @@ struct Weights {
 
 // E_local experts on each of the communicator's ranks (E_local * W routed experts in all).
 MoELayerConfig deepseek_config(const Communicator& comm, int E_local, int max_tokens, MoESchedule sched,
-                               ExpertLayout layout, bool shared_concurrent) {
+                               ExpertLayout layout, bool shared_concurrent, bool fused_gate_router) {
   MoELayerConfig c;
   c.hidden = kH, c.intermediate = kI, c.num_experts = E_local * comm.world_size(), c.topk = kTopK;
   c.router_mode = moe::RouterMode::kGroupedTopK;
@@ -88,6 +89,7 @@ MoELayerConfig deepseek_config(const Communicator& comm, int E_local, int max_to
   c.schedule = sched;
   c.layout = layout;
   c.shared_concurrent = shared_concurrent;
+  c.fused_gate_router = fused_gate_router;
   return c;
 }
 
@@ -156,16 +158,22 @@ std::vector<Row> bench_layer(const Options& o, const Ceilings& c, const L2Flush&
     // expert in stream order and in the masked layout: the same-run A/B of each default.
     const ExpertLayout def = MoELayerConfig{}.layout;
     const ExpertLayout other = def == ExpertLayout::kPacked ? ExpertLayout::kMasked : ExpertLayout::kPacked;
-    struct Variant { MoESchedule sched; ExpertLayout layout; bool concurrent; };
+    // Schedule none also without the fused gate + router (cuBLASLt's gate, then the router): the
+    // same-run A/B of that default, at the batches where it applies (<= 32 tokens).
+    const bool fused_def = MoELayerConfig{}.fused_gate_router;
+    struct Variant { MoESchedule sched; ExpertLayout layout; bool concurrent; bool fused; };
     std::vector<Variant> variants;
     for (const std::string& sn : o.schedules) {
       const MoESchedule sc = parse_schedule(sn);
-      variants.push_back({sc, def, true});
-      if (sc == MoESchedule::kNone) variants.push_back({sc, def, false});
+      variants.push_back({sc, def, true, fused_def});
+      if (sc == MoESchedule::kNone) {
+        variants.push_back({sc, def, false, fused_def});
+        variants.push_back({sc, def, true, !fused_def});
+      }
     }
-    variants.push_back({MoESchedule::kNone, other, true});
+    variants.push_back({MoESchedule::kNone, other, true, fused_def});
     for (const Variant& v : variants) {
-      const MoELayerConfig lc = deepseek_config(comm, E, M, v.sched, v.layout, v.concurrent);
+      const MoELayerConfig lc = deepseek_config(comm, E, M, v.sched, v.layout, v.concurrent, v.fused);
       MoELayer layer(comm, lc, w.views);
       const std::string shared_mode =
           v.sched == MoESchedule::kNone && lc.shared_concurrent ? "concurrent" : "in_stream";
@@ -173,8 +181,10 @@ std::vector<Row> bench_layer(const Options& o, const Ceilings& c, const L2Flush&
         for (int b : o.batches) {
           const int T = b * q;
           if (v.sched == MoESchedule::kMicrobatch && T < 2) continue;
+          if (v.fused != fused_def && T > moe::kGateRouterMaxTokens) continue;  // the same kernels as the default
           LayerRow r;
           r.schedule = schedule_name(v.sched), r.layout = layout_name(v.layout), r.shared = shared_mode;
+          r.gate_router = v.fused && T <= moe::kGateRouterMaxTokens ? "fused" : "separate";
           r.world_size = W, r.experts = E, r.batch = b, r.query_len = q, r.tokens = T;
           MoEBatch batch;
           batch.x = Tensor(x.get(), DType::kBF16, {T, kH});
@@ -233,7 +243,7 @@ std::vector<Row> bench_layer(const Options& o, const Ceilings& c, const L2Flush&
       }
       // One graph for every m through the device count: captured at the largest bucket (M rows),
       // replayed with m set on the device (one graph per bucket, or one for all sizes).
-      if (v.layout == def && v.concurrent) {
+      if (v.layout == def && v.concurrent && v.fused == fused_def) {
         MoEBatch batch;
         batch.x = Tensor(x.get(), DType::kBF16, {M, kH});
         batch.out = Tensor(out.get(), DType::kBF16, {M, kH});
@@ -251,7 +261,8 @@ std::vector<Row> bench_layer(const Options& o, const Ceilings& c, const L2Flush&
             const double devm_us = slowest(comm, g.us_median);
             for (LayerRow& r : g_rows)
               if (r.experts == E && r.batch == b && r.query_len == q && r.schedule == schedule_name(v.sched) &&
-                  r.layout == layout_name(v.layout) && r.shared == shared_mode)
+                  r.layout == layout_name(v.layout) && r.shared == shared_mode &&
+                  (r.tokens > moe::kGateRouterMaxTokens || r.gate_router == (fused_def ? "fused" : "separate")))
                 r.note = "one graph for all m (device count, " + std::to_string(M) + "-row bucket): " +
                          std::to_string(devm_us) + " us";
           }

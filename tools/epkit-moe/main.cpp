@@ -64,6 +64,7 @@ int run(const std::vector<std::string>& argv) {
     for (const std::string& k : o.kernels) {
       std::printf("== %s\n", k.c_str());
       std::vector<Row> r = k == "router"              ? bench_router(o, c, flush, s)
+                           : k == "gate_router"       ? bench_gate_router(o, c, flush, s)
                            : k == "quantize"          ? bench_quantize(o, c, flush, s)
                            : k == "silu_mul_quantize" ? bench_silu_mul_quantize(o, c, flush, s)
                                                       : bench_grouped_gemm(o, c, flush, s);

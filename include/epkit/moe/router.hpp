@@ -32,6 +32,19 @@ const char* router_mode_name(RouterMode m);  // "softmax_topk" / "grouped_topk"
 
 constexpr int kMaxRouterExperts = 512;
 
+// The kernels behind route(). kGeneral runs every valid configuration: one warp per token, the
+// groups scored and ranked through shared memory. kWarpGrouped is the grouped-mode kernel for
+// E = 32 V experts (V = 2, 4, 8 or 16 per lane) whose groups are whole sets of lanes (num_groups a
+// power of two, at most 32; DeepSeek-V3: E 256, 8 groups): one warp per token, every score, group
+// score and group rank in registers and exchanged by shuffles, no shared memory, no barrier.
+// Both give the same bits (the semantics above).
+enum class RouterKernel : int32_t {
+  kAuto = 0,         // choose_router_kernel()
+  kGeneral = 1,
+  kWarpGrouped = 2,
+};
+const char* router_kernel_name(RouterKernel k);  // "auto" / "general" / "warp_grouped"
+
 struct RouterConfig {
   RouterMode mode = RouterMode::kGroupedTopK;
   int num_experts = 0;          // E: 1..512
@@ -40,6 +53,9 @@ struct RouterConfig {
   int topk_groups = 1;          // groups kept (grouped mode): 1..num_groups; 1 in softmax mode
   bool renormalize = true;      // softmax mode: divide by the sum of the K weights; grouped mode: must be true
   float routed_scaling = 1.0f;  // every weight times this (DeepSeek-V3: 2.5); finite, > 0
+  // Forces one kernel (the benchmark's same-run comparison of the two); kAuto lets route() choose.
+  // A forced kernel that cannot run the call is an error.
+  RouterKernel kernel = RouterKernel::kAuto;
 };
 
 // Throws epkit::Error naming the field and its limit.
@@ -60,6 +76,16 @@ struct RouterArgs {
 
 // The one validation of a route() call (config, dtypes, shapes, alignment, m); throws epkit::Error.
 void check_router_args(const RouterConfig& cfg, const RouterArgs& a);
+
+// Whether kWarpGrouped can run this call; if not and `why` is given, the reason. Needs grouped
+// mode, E in {64, 128, 256, 512}, num_groups a power of two with E / num_groups >= E / 32 (a
+// group is whole lanes), and logits 16-byte aligned.
+bool warp_router_applies(const RouterConfig& cfg, const RouterArgs& a, const char** why = nullptr);
+
+// The kernel route() launches for this call (cfg.kernel if forced): kWarpGrouped wherever it
+// applies, at every m (it runs fewer instructions per token than kGeneral and the same one-warp-per-
+// token grid), else kGeneral. Host-only, no launch.
+RouterKernel choose_router_kernel(const RouterConfig& cfg, const RouterArgs& a);
 
 // Validates, then launches on `stream`: no host synchronisation or allocation (capturable).
 // rows = the smallest first dimension of logits, topk_idx and topk_weights.
