@@ -135,6 +135,7 @@ def route(logits: torch.Tensor, config: Optional[RouterConfig] = None, *, bias: 
         raise TypeError("pass either a RouterConfig or its fields as keywords, not both")
     rows = logits.shape[0]
     if out is None:
+        config.validate()  # an EpkitError naming the field before its value sizes the outputs
         out = Routing(torch.empty((rows, config.topk), dtype=torch.int32, device=logits.device),
                       torch.empty((rows, config.topk), dtype=torch.float32, device=logits.device))
     m, m_dev = impl.num_tokens_arg(num_tokens, rows)
