@@ -225,29 +225,36 @@ TEST(GateRouterValidate, ChecksTheGemmAndTheRouterArguments) {
 
 // --- which kernel route() runs ---
 
-TEST(RouterKernelChoice, WarpKernelWhereverItApplies) {
+// Until the warp kernel has been measured against the general one on a GPU, route() runs it only
+// when forced (router.hpp); where it applies is still decided here.
+TEST(RouterKernelChoice, WarpKernelAppliesAndRunsWhenForced) {
   RouterConfig c = deepseek();
   RouterTensors t(c, 64, 64);
   EXPECT_TRUE(warp_router_applies(c, t.a));
+  EXPECT_EQ(choose_router_kernel(c, t.a), RouterKernel::kGeneral);  // kAuto
+  c.kernel = RouterKernel::kWarpGrouped;
   EXPECT_EQ(choose_router_kernel(c, t.a), RouterKernel::kWarpGrouped);
+  c.kernel = RouterKernel::kGeneral;
+  EXPECT_EQ(choose_router_kernel(c, t.a), RouterKernel::kGeneral);
+  c.kernel = RouterKernel::kAuto;
   t.a.logits.dtype = DType::kFP32;  // either dtype
-  EXPECT_EQ(choose_router_kernel(c, t.a), RouterKernel::kWarpGrouped);
+  EXPECT_TRUE(warp_router_applies(c, t.a));
   for (int E : {64, 128, 512}) {  // 2, 4, 16 experts per lane
     RouterConfig d = deepseek();
     d.num_experts = E, d.num_groups = 8, d.topk_groups = 4;
     RouterTensors u(d, 4, 4);
-    EXPECT_EQ(choose_router_kernel(d, u.a), RouterKernel::kWarpGrouped) << "E " << E;
+    EXPECT_TRUE(warp_router_applies(d, u.a)) << "E " << E;
   }
   for (int G : {1, 2, 4, 16, 32}) {  // groups of whole lanes
     RouterConfig d = deepseek();
     d.num_groups = G, d.topk_groups = std::max(1, G / 2), d.topk = std::min(8, d.topk_groups * (256 / G));
     RouterTensors u(d, 4, 4);
-    EXPECT_EQ(choose_router_kernel(d, u.a), RouterKernel::kWarpGrouped) << "G " << G;
+    EXPECT_TRUE(warp_router_applies(d, u.a)) << "G " << G;
   }
   RouterConfig d = deepseek();
   d.num_groups = 64, d.topk_groups = 64;  // every group kept: no group step, any group size
   RouterTensors u(d, 4, 4);
-  EXPECT_EQ(choose_router_kernel(d, u.a), RouterKernel::kWarpGrouped);
+  EXPECT_TRUE(warp_router_applies(d, u.a));
 }
 
 TEST(RouterKernelChoice, GeneralKernelOtherwiseAndWhy) {
