@@ -109,8 +109,8 @@ int run_layer(const Communicator& comm, const Mode& mode, const char* mode_name,
   cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking);
   for (int it = 0; it < 20; ++it) {
     const std::vector<uint16_t> x = group_tokens(cfg, M, case_seed(100 + it));
-    cudaMemcpy(xd.ptr, x.data(), x.size() * 2, cudaMemcpyHostToDevice);
-    cudaMemset(out.ptr, 0xff, out.bytes);
+    cudaMemcpyAsync(xd.ptr, x.data(), x.size() * 2, cudaMemcpyHostToDevice, st);  // ordered before the layer on st
+    cudaMemsetAsync(out.ptr, 0xff, out.bytes, st);
     if (it == 5 && comm.rank() == victim) {
       layer.begin(b, st);
       layer.stage_route(0, st);

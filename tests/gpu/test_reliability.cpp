@@ -209,7 +209,7 @@ TEST(Reliability, DeviceSideErrorsAreReportedNotWritten) {
       const auto groups = make_inputs(cfg, Routing::kUniform, M, case_seed(9));
       b.upload(cfg, groups[cfg.rank / cfg.dp_size], st);
       const int32_t too_many = M + 3;
-      cudaMemcpy(b.m_dev.ptr, &too_many, 4, cudaMemcpyHostToDevice);
+      cudaMemcpyAsync(b.m_dev.ptr, &too_many, 4, cudaMemcpyHostToDevice, st);  // ordered before the layer on st
       problem = expect_error([&] { layer_then_check(a2a, cfg, b, 0, true, st); },
                              "num_tokens_device holds m = " + std::to_string(M + 3));
       if (problem.empty()) problem = check_dispatch(cfg, groups, b);  // clamped to M: the full batch

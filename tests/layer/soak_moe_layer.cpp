@@ -117,9 +117,11 @@ TEST(MoELayerSoak, ForwardAfterForward) {
     bool raised = false;
     try {
       const std::vector<uint16_t> x = group_tokens(c.md->cfg, M, token_seed);
-      CUDA_OK(cudaMemcpy(c.xd.ptr, x.data(), x.size() * 2, cudaMemcpyHostToDevice));
-      if (check) CUDA_OK(cudaMemset(c.out.ptr, 0xff, c.out.bytes));
-      if (mode != 0) CUDA_OK(cudaMemcpy(c.mdev.ptr, &m, 4, cudaMemcpyHostToDevice));
+      // On st, the layer's stream: a copy or memset on the legacy stream is not ordered before work on
+      // a non-blocking stream (a pageable cudaMemcpy may return before its DMA lands).
+      CUDA_OK(cudaMemcpyAsync(c.xd.ptr, x.data(), x.size() * 2, cudaMemcpyHostToDevice, st));
+      if (check) CUDA_OK(cudaMemsetAsync(c.out.ptr, 0xff, c.out.bytes, st));
+      if (mode != 0) CUDA_OK(cudaMemcpyAsync(c.mdev.ptr, &m, 4, cudaMemcpyHostToDevice, st));
       if (mode == 2) {
         if (cudaGraphLaunch(c.exec, st) != cudaSuccess) throw Error("cudaGraphLaunch failed");
       } else {

@@ -78,7 +78,7 @@ void run_case(MoESchedule sched, ExpertLayout layout, float skew, uint64_t case_
   // Host m: 0, 1, an odd count, all rows (--quick: the odd count).
   const std::vector<int> host_ms = g_quick ? std::vector<int>{(M / 2) | 1} : std::vector<int>{0, 1, (M / 2) | 1, M};
   for (int m : host_ms) {
-    CUDA_OK(cudaMemset(out.ptr, 0xff, out.bytes));
+    CUDA_OK(cudaMemsetAsync(out.ptr, 0xff, out.bytes, st));  // on st: see the graph replays below
     b.num_tokens = m, b.num_tokens_device = nullptr;
     std::string problem;
     try {
@@ -108,8 +108,11 @@ void run_case(MoESchedule sched, ExpertLayout layout, float skew, uint64_t case_
   AGREE_OR_FAIL(cap_problem, what + ", capture");
   const std::vector<int> graph_ms = g_quick ? std::vector<int>{M, 0} : std::vector<int>{M, 1, 0, M - 3};
   for (int m : graph_ms) {
-    CUDA_OK(cudaMemset(out.ptr, 0xff, out.bytes));
-    CUDA_OK(cudaMemcpy(mdev.ptr, &m, 4, cudaMemcpyHostToDevice));
+    // The poison and m go on st, the graph's stream: a memset or a pageable cudaMemcpy on the legacy
+    // stream is not ordered before a non-blocking stream's work (the copy may return before its DMA
+    // lands), and the replay could read the previous m or be overwritten by the poison.
+    CUDA_OK(cudaMemsetAsync(out.ptr, 0xff, out.bytes, st));
+    CUDA_OK(cudaMemcpyAsync(mdev.ptr, &m, 4, cudaMemcpyHostToDevice, st));
     std::string problem;
     try {
       CUDA_OK(cudaGraphLaunch(ge, st));
@@ -124,7 +127,7 @@ void run_case(MoESchedule sched, ExpertLayout layout, float skew, uint64_t case_
   // A device m above the rows is clamped and reported (not written past the buffers).
   {
     const int bad = M + 5;
-    CUDA_OK(cudaMemcpy(mdev.ptr, &bad, 4, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpyAsync(mdev.ptr, &bad, 4, cudaMemcpyHostToDevice, st));
     CUDA_OK(cudaGraphLaunch(ge, st));
     CUDA_OK(cudaStreamSynchronize(st));
     std::string problem = "device m = " + std::to_string(bad) + " above the rows was not reported";
