@@ -24,11 +24,9 @@ calc_diff (1 - 2 sum(x y) / sum(x^2 + y^2), float64), the largest |x - y|, the f
 identical bf16 outputs, and epkit_over_deepgemm = epkit time / DeepGEMM time from the same
 interleaved replays.
 
-Method (epkit-moe's time_graph, docs/PERF.md): N back-to-back calls (20 under 1 ms) captured in one
-CUDA graph per system, replayed R times with the L2 flushed (untimed) before every replay, CUDA
-events per replay divided by N; median and p99 over replays; inputs rotated over sets that together
-exceed 4x the L2. The two systems' replays alternate (ABAB, then BABA), so that both see the same
-clocks.
+Method: epkit-moe's (graph_timing.py): one CUDA graph per system, the two systems' replays
+alternating (ABAB, then BABA) so that both see the same clocks; median and p99 over replays; inputs
+rotated over sets that together exceed 4x the L2.
 
 DeepGEMM (pinned: tokenspeed-deepgemm==2.5.0.post20260424, built for CUDA 13, imports with torch
 2.11) compiles its kernels at the first call (nvcc at run time). --jit-workers N compiles them first
@@ -41,11 +39,12 @@ build/python) it times DeepGEMM alone.
 """
 import argparse
 import json
-import math
 import os
 import statistics
 import sys
 import time
+
+from graph_timing import Flush, finish, p99, pick_repeats, rotation_sets, time_graphs
 
 DEEPGEMM_PIN = "tokenspeed-deepgemm==2.5.0.post20260424"
 SYSTEMS = ("deepgemm", "epkit_vs_deepgemm")
@@ -71,18 +70,6 @@ def uneven_counts(G, m):
             total += step
         g = (g + 2) % max(active, 1)
     return h
-
-
-def pick_repeats(est_us):
-    calls = 20 if est_us < 1000 else 5 if est_us < 10000 else 2
-    replays = int(min(50, max(5, 200000.0 / max(est_us * calls, 1.0))))
-    return calls, replays
-
-
-def rotation_sets(bytes_per_call, l2, calls):
-    if bytes_per_call <= 0:
-        return 1
-    return int(min(max(1, math.ceil(4 * l2 / bytes_per_call) + 1), calls))
 
 
 def align(x, a):
@@ -239,46 +226,6 @@ def calc_diff(x, y):
     return float(1.0 - 2.0 * (x * y).sum() / denom)
 
 
-def time_graphs(torch, flush, calls, replays, fns):
-    """time_graph for several systems at once: one graph of `calls` calls per system, replays
-    alternating between the systems (order reversed every other round), the L2 flushed before each."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):  # warm-up outside the capture (JIT loading, lazy init)
-        for fn in fns:
-            for i in range(min(calls, 3)):
-                fn(i)
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    graphs = []
-    for fn in fns:
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            for i in range(calls):
-                fn(i)
-        graphs.append(g)
-    for _ in range(2):
-        for g in graphs:
-            g.replay()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    us = [[] for _ in fns]
-    for r in range(replays):
-        order = range(len(fns)) if r % 2 == 0 else reversed(range(len(fns)))
-        for i in order:
-            flush()
-            a.record()
-            graphs[i].replay()
-            b.record()
-            b.synchronize()
-            us[i].append(1000.0 * a.elapsed_time(b) / calls)
-    out = []
-    for u in us:
-        u.sort()
-        out.append((statistics.median(u), u[min(len(u) - 1, math.ceil(0.99 * len(u)) - 1)]))
-    del graphs
-    return out
-
-
 def dg_call(dg, c, ops, set_idx):
     i = set_idx % ops.sets
     if c["kind"] == "masked":
@@ -287,18 +234,6 @@ def dg_call(dg, c, ops, set_idx):
     else:
         dg.m_grouped_fp8_gemm_nt_contiguous((ops.a_dg[i], ops.sfa[i]), (ops.b[i], ops.b_scale[i]), ops.d_dg[i],
                                             ops.m_indices)
-
-
-def finish(row, ceil):
-    s = row["us_median"] * 1e-6
-    row["GBps"] = row["bytes"] / s / 1e9
-    row["weight_GBps"] = row["weight_bytes"] / s / 1e9
-    row["TFLOPs"] = row["flops"] / s / 1e12
-    bw = row["weight_GBps"] / ceil["hbm_read_GBps"] if ceil.get("hbm_read_GBps") else 0.0
-    fl = row["TFLOPs"] / ceil["fp8_dense_TFLOPs"] if ceil.get("fp8_dense_TFLOPs") else 0.0
-    row["bound"] = "fp8" if fl > bw else "hbm"
-    row["pct_of_ceiling"] = 100.0 * max(bw, fl)
-    return row
 
 
 def jit_worker(spec):
@@ -404,10 +339,7 @@ def main():
         print(f"deepgemm_baseline.py: epkit does not import ({ep_why}): timing DeepGEMM alone, no ratios")
     ceil = doc.get("ceilings", {})
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
-    flush_buf = torch.empty(max(4 * l2, 256 << 20), dtype=torch.uint8, device="cuda")
-
-    def flush():
-        flush_buf.fill_(0x5A)
+    flush = Flush(torch, l2)
 
     meta["deepgemm"] = dict(package=DEEPGEMM_PIN, version=getattr(dg, "__version__", "?"), num_sms=dg.get_num_sms(),
                             mk_alignment=dg.get_mk_alignment_for_contiguous_layout(),
@@ -466,7 +398,7 @@ def main():
                             if x.numel() else 1.0)
             est = max(base["bytes"] / 3e6, flops / 8e8) + 5  # epkit-moe's estimate: the same repeat counts
             calls, replays = pick_repeats(est)
-            t = time_graphs(torch, flush, calls, replays, fns)
+            t = [(statistics.median(us), p99(us)) for us in time_graphs(torch, flush, calls, replays, fns)]
         except Exception as e:
             r = dict(base, system="deepgemm", us_median=None, note=f"failed: {type(e).__name__}: {str(e)[:300]}")
             rows.append(r)

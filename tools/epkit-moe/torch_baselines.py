@@ -10,19 +10,18 @@ through torch and writes its rows into FILE (rows of its own systems are replace
   * the router (DeepSeek grouped top-k and softmax top-k) written in torch ops ("torch");
   * 1x128 FP8 activation quantization and SiLU*mul + quantization in torch ops ("torch").
 
-Method (the same as epkit-moe's time_graph): N back-to-back calls (20 under 1 ms) captured in one
-CUDA graph, replayed R times with the L2 flushed before every replay (not timed), CUDA events per
-replay divided by N; median and p99 over the replays; inputs rotated over sets that together exceed
-4x the L2.
+Method: epkit-moe's (graph_timing.py); median and p99 over the replays; inputs rotated over sets
+that together exceed 4x the L2.
 """
 import argparse
 import json
-import math
 import statistics
 import sys
 
 import torch
 import torch.nn.functional as F
+
+from graph_timing import Flush, finish, p99, pick_repeats, rotation_sets, time_graphs
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
@@ -30,77 +29,17 @@ H, I = 7168, 2048
 SYSTEMS = ("torch_scaled_grouped_mm", "torch_bmm_bf16", "torch")
 
 
-def pick_repeats(est_us):
-    calls = 20 if est_us < 1000 else 5 if est_us < 10000 else 2
-    replays = int(min(50, max(5, 200000.0 / max(est_us * calls, 1.0))))
-    return calls, replays
-
-
-def rotation_sets(bytes_per_call, l2, calls):
-    if bytes_per_call <= 0:
-        return 1
-    return int(min(max(1, math.ceil(4 * l2 / bytes_per_call) + 1), calls))
-
-
-class Flush:
-    def __init__(self, l2):
-        self.buf = torch.empty(max(4 * l2, 256 << 20), dtype=torch.uint8, device="cuda")
-
-    def run(self):
-        self.buf.fill_(0x5A)
-
-
-def time_graph(flush, calls, replays, fn):
-    """fn(i) issues call i; returns (median_us, p99_us)."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):  # warm-up outside the capture (lazy init, autotuning)
-        for i in range(min(calls, 3)):
-            fn(i)
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for i in range(calls):
-            fn(i)
-    for _ in range(2):
-        g.replay()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    us = []
-    for _ in range(replays):
-        flush.run()
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        us.append(1000.0 * a.elapsed_time(b) / calls)
-    us.sort()
-    p99 = us[min(len(us) - 1, math.ceil(0.99 * len(us)) - 1)]
-    return statistics.median(us), p99, calls, replays
-
-
-def finish(row, ceil):
-    s = row["us_median"] * 1e-6
-    row["GBps"] = row["bytes"] / s / 1e9
-    row["weight_GBps"] = row["weight_bytes"] / s / 1e9
-    row["TFLOPs"] = row["flops"] / s / 1e12
-    bw = (row["weight_GBps"] if row["weight_bytes"] > 0 else row["GBps"]) / ceil["hbm_read_GBps"]
-    fl = row["TFLOPs"] / ceil["fp8_dense_TFLOPs"] if ceil["fp8_dense_TFLOPs"] > 0 else 0.0
-    row["bound"] = "fp8" if fl > bw else "hbm"
-    row["pct_of_ceiling"] = 100.0 * max(bw, fl)
-    return row
-
-
 def run_point(rows, ceil, flush, base, est_us, fn):
     calls, replays = pick_repeats(est_us)
     try:
-        med, p99, calls, replays = time_graph(flush, calls, replays, fn)
+        us = time_graphs(torch, flush, calls, replays, [fn])[0]
+        med, p = statistics.median(us), p99(us)
     except Exception as e:  # a system that cannot run a shape says so in the row
         r = dict(base, us_median=None, note=f"failed: {type(e).__name__}: {str(e)[:200]}")
         rows.append(r)
         print(f"  {base['kernel']:18s} {base['system']:24s} {base['variant']:22s} G={base['G']} m={base['m']}: {r['note']}")
         return
-    r = finish(dict(base, us_median=med, us_p99=p99, calls=calls, replays=replays), ceil)
+    r = finish(dict(base, us_median=med, us_p99=p, calls=calls, replays=replays), ceil)
     rows.append(r)
     print(f"  {r['kernel']:18s} {r['system']:24s} {r['variant']:22s} G={r['G']:<3d} m={r['m']:<5d} "
           f"{med:9.2f} us {r['GBps']:8.1f} GB/s {r['TFLOPs']:7.1f} TFLOP/s {r['pct_of_ceiling']:5.1f}% of {r['bound']}",
@@ -229,7 +168,7 @@ def main():
         doc = json.load(f)
     ceil = doc["ceilings"]
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
-    flush = Flush(l2)
+    flush = Flush(torch, l2)
     kernels = args.kernels.split(",")
     groups = [int(x) for x in args.groups.split(",")]
     ms = [int(x) for x in args.m.split(",") if int(x) > 0]
