@@ -52,6 +52,8 @@ import time
 
 import torch
 
+from graph_timing import Flush, time_graphs
+
 FP8 = torch.float8_e4m3fn
 SYSTEMS = ("eager", "batched_mm", "grouped_mm", "deepgemm", "epkit", "patch_moe")
 FAMILIES = ("deepseek_v3", "qwen3_moe", "mixtral")
@@ -116,14 +118,6 @@ def make_block(family, cfg, seed):
 
 # -- timing ------------------------------------------------------------------------------------
 
-class Flush:
-    def __init__(self, l2):
-        self.buf = torch.empty(max(4 * l2, 256 << 20), dtype=torch.uint8, device="cuda")
-
-    def run(self):
-        self.buf.fill_(0x5A)
-
-
 def measure_hbm_read():
     """GB/s of the best torch reduction over 4 GiB (median of 10 each)."""
     n = 4 << 30
@@ -166,30 +160,7 @@ def time_eager(flush, fn, inputs, calls, regions):
 
 
 def time_graph(flush, fn, inputs, calls, regions):
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for i in range(min(calls, 2)):
-            fn(inputs[i % len(inputs)])
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for i in range(calls):
-            fn(inputs[i % len(inputs)])
-    g.replay()
-    torch.cuda.synchronize()
-    us = []
-    for _ in range(regions):
-        flush.run()
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        us.append(1000.0 * a.elapsed_time(b) / calls)
-    del g
-    return us
+    return time_graphs(torch, flush, calls, regions, [lambda i: fn(inputs[i % len(inputs)])], warmup=2)[0]
 
 
 def stats(us):
@@ -367,11 +338,6 @@ def targets(speed):
     return out
 
 
-def git_commit():
-    import epkit
-    return epkit.git_commit  # the commit the epkit extension was built from
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", help="write the results here (e.g. bench/results/transformers-h200-latest.json)")
@@ -396,12 +362,13 @@ def main():
         return 1
     torch.backends.cuda.matmul.allow_tf32 = False
     prop = torch.cuda.get_device_properties(0)
-    flush = Flush(prop.L2_cache_size)
+    flush = Flush(torch, prop.L2_cache_size)
     hbm = measure_hbm_read()
     torch.cuda.empty_cache()  # the 4 GiB read buffer
     print(f"{prop.name}: HBM read {hbm:.0f} GB/s (torch reduction), L2 {prop.L2_cache_size >> 20} MiB", flush=True)
     rows, agree = [], []
-    commit = git_commit()
+    import epkit
+    commit = epkit.git_commit  # the commit the extension was built from
     for family in args.families.split(","):
         run_family(family, args, flush, hbm, rows, agree)
     speed = speedups(rows)
