@@ -280,8 +280,7 @@ for tool in "${TOOLS[@]}"; do
   echo "$line -- $parts"
 done
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
-commit=$(sed -n 's/.*return "\(.*\)";.*/\1/p' "$BUILD/generated/build_info.cpp" 2>/dev/null)  # the build's stamp
-[ -n "$commit" ] || commit=unknown
+commit=$(cat "$BUILD/generated/commit.txt" 2>/dev/null || echo unknown)  # the build's stamp
 cat > "$OUT/summary.json" <<EOF
 {
   "date": "$(date -u +%Y-%m-%dT%H:%M:%SZ)",

@@ -53,11 +53,6 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def _commit():
-    import epkit
-    return epkit.git_commit  # the commit the extension was built from
-
-
 def _init(rank, world_size, port, bootstrap):
     import epkit
     os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")
@@ -255,9 +250,10 @@ def main():
     timing = _spawn(_timing_rank, args.ranks, args)
     memory = _spawn(_memory_rank, args.memory_ranks) if args.memory_ranks else None
     shared = args.ranks > timing["device_count"]
+    import epkit
     doc = dict(
         benchmark="deep_ep_overhead", date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        commit=_commit(), gpu=timing["gpu"], world_size=args.ranks,
+        commit=epkit.git_commit, gpu=timing["gpu"], world_size=args.ranks,
         note=("several ranks share a GPU: these times mean nothing" if shared else None),
         config=dict(hidden=H, num_experts=E, topk=K, num_max_dispatch_tokens_per_rank=M, tokens=args.tokens),
         method=("per pair = one low-latency dispatch + combine; eager: CUDA events over --pairs back-to-back pairs "
