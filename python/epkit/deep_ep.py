@@ -486,9 +486,9 @@ class Buffer:
 
     # -- streams ---------------------------------------------------------------------------------
     def _launch_stream(self, previous_event: Optional[EventOverlap], async_finish: bool):
-        """(compute stream, the stream the call runs on). DeepEP runs every normal call on its comm stream
-        after previous_event (else the compute stream); a call with neither an event nor async_finish
-        runs on the compute stream itself, which orders it the same way."""
+        """(compute stream, the stream the call runs on). DeepEP runs an async_finish call on its comm
+        stream after previous_event (normal mode) or the compute stream; a call with neither an event
+        nor async_finish runs on the compute stream itself, which orders it the same way."""
         compute = _rt.current_stream(self.device)
         if previous_event is None and not async_finish:
             return compute, compute
@@ -576,11 +576,7 @@ class Buffer:
                                         combine_out_dtype=BF16, num_sms=0, path=self._ll_path)
 
         slot = self._acquire(key, make, self._ll_flush)
-        compute = _rt.current_stream(self.device)
-        stream = compute
-        if async_finish:
-            stream = self._comm_stream
-            stream.wait_stream(compute)
+        compute, stream = self._launch_stream(None, async_finish)
         slot.sync_to(stream)
 
         # Outputs on the compute stream, as DeepEP allocates them.
@@ -672,11 +668,7 @@ class Buffer:
                 raise EpkitError("zero_copy=True reads the tensor of get_next_low_latency_combine_buffer(handle): "
                                  "call it (and fill it) first")
         combined = out if out is not None else torch.empty((m, H), dtype=BF16, device=self.device)
-        compute = _rt.current_stream(self.device)
-        stream = compute
-        if async_finish:
-            stream = self._comm_stream
-            stream.wait_stream(compute)
+        compute, stream = self._launch_stream(None, async_finish)
         slot.sync_to(stream)
         ata = slot.ata
         with _rt.stream(stream):
