@@ -36,13 +36,14 @@ for r in $(seq 0 $((victim - 1))); do
   echo "$line" | grep -q "timed out" || fail "rank $r: not a timeout: $line"
   echo "$line" | grep -q "from rank $victim" || fail "rank $r: the error does not name rank $victim: $line"
   echo "$line" | grep -q " in ${phase}_" || fail "rank $r: the error does not name the $phase phase: $line"
-  ms=$(echo "$line" | sed -E 's/.*after ([0-9]+) ms.*/\1/')
+  ms=$(echo "$line" | sed -E 's/^[^:]*: iteration [0-9]+ failed after ([0-9]+) ms.*/\1/')
   [ "$ms" -le $((EPKIT_TIMEOUT_MS + 5000)) ] || fail "rank $r took $ms ms (> timeout + 5 s)"
   echo "time to error: rank $r, $ms ms (timeout $EPKIT_TIMEOUT_MS ms)"
   if [ "$api" = layer ]; then
     reuse=$(grep "^\[$r\] rank $r: reuse raised after" "$log") || fail "rank $r: the layer's next forward did not raise"
     echo "$reuse" | grep -q "unusable" || fail "rank $r: the reuse error does not say the layer is unusable: $reuse"
-    rms=$(echo "$reuse" | sed -E 's/.*after ([0-9]+) ms.*/\1/')
+    # The reuse message quotes the first error ("... timed out after 3000 ms"): take the first number.
+    rms=$(echo "$reuse" | sed -E 's/^[^:]*: reuse raised after ([0-9]+) ms.*/\1/')
     [ "$rms" -lt 1000 ] || fail "rank $r: the refused forward took $rms ms"
   fi
 done
