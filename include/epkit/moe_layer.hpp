@@ -65,10 +65,10 @@ struct MoELayerConfig {
                                   // quantization (a graph branch when captured), beside dispatch, the routed
                                   // experts and combine; false: after combine, in stream order
   bool ue8m0_scales = false;    // power-of-two activation scales
-  bool fused_gate_router = false;  // decode batches (m <= 32 on the host, or a device m over at most 32 rows) run the
-                                   // gate GEMM and the router as one kernel (moe::GateRouter) where
-                                   // moe::gate_router_applies; false: cuBLASLt's gate, then route(). Off until the
-                                   // kernel's first same-run GPU measurement (docs/perf/grouped-gemm.md)
+  bool fused_gate_router = true;  // decode batches (m <= 32 on the host, or a device m over at most 32 rows) run the
+                                  // gate GEMM and the router as one kernel (moe::GateRouter) where
+                                  // moe::gate_router_applies; false: cuBLASLt's gate, then route() (the
+                                  // same-run A/B of docs/perf/grouped-gemm.md)
   int timeout_ms = -1;          // AllToAll's bound on device waits (-1: EPKIT_TIMEOUT_MS, else 10 s)
 };
 

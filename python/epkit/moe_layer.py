@@ -63,7 +63,7 @@ class MoELayerConfig:
     expected_tokens: int = 0           # device m only: tokens the GEMM configs are chosen for; 0 means the rows of x
     shared_concurrent: bool = True     # schedule none: the shared expert on its own stream (graph branch)
     ue8m0_scales: bool = False         # power-of-two activation scales
-    fused_gate_router: bool = False    # decode batches (<= 32 tokens): gate GEMM + router in one kernel (not yet measured on a GPU)
+    fused_gate_router: bool = True     # decode batches (<= 32 tokens): gate GEMM + router in one kernel (moe::GateRouter)
     timeout_ms: int = -1               # bound on device waits (-1: EPKIT_TIMEOUT_MS, else 10 s)
 
     def to_cpp(self) -> "_C.MoELayerConfig":

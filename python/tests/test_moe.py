@@ -80,7 +80,7 @@ def test_moe_config_fields_are_the_cpp_fields():
     cfg = epkit.MoELayerConfig(hidden=7168, intermediate=2048, num_experts=256, topk=8, max_tokens_per_rank=128,
                                num_groups=8, topk_groups=4, routed_scaling=2.5, num_shared_experts=1, world_size=8,
                                rank=3, dp_size=2, schedule="microbatch", layout="packed", ue8m0_scales=True,
-                               shared_concurrent=False, expected_tokens=64, fused_gate_router=True)
+                               shared_concurrent=False, expected_tokens=64, fused_gate_router=False)
     c = cfg.to_cpp()
     for name in ("hidden", "intermediate", "num_experts", "topk", "max_tokens_per_rank", "num_groups", "topk_groups",
                  "num_shared_experts", "world_size", "rank", "dp_size", "ue8m0_scales", "shared_concurrent",

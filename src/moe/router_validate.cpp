@@ -108,8 +108,8 @@ bool warp_router_applies(const RouterConfig& c, const RouterArgs& a, const char*
 }
 
 RouterKernel choose_router_kernel(const RouterConfig& c, const RouterArgs& a) {
-  (void)a;
-  return c.kernel == RouterKernel::kAuto ? RouterKernel::kGeneral : c.kernel;
+  if (c.kernel != RouterKernel::kAuto) return c.kernel;
+  return warp_router_applies(c, a) ? RouterKernel::kWarpGrouped : RouterKernel::kGeneral;
 }
 
 }  // namespace epkit::moe

@@ -225,13 +225,12 @@ TEST(GateRouterValidate, ChecksTheGemmAndTheRouterArguments) {
 
 // --- which kernel route() runs ---
 
-// Until the warp kernel has been measured against the general one on a GPU, route() runs it only
-// when forced (router.hpp); where it applies is still decided here.
-TEST(RouterKernelChoice, WarpKernelAppliesAndRunsWhenForced) {
+// kAuto takes the warp kernel wherever it applies (router.hpp); a forced kernel is taken as is.
+TEST(RouterKernelChoice, WarpKernelWhereItApplies) {
   RouterConfig c = deepseek();
   RouterTensors t(c, 64, 64);
   EXPECT_TRUE(warp_router_applies(c, t.a));
-  EXPECT_EQ(choose_router_kernel(c, t.a), RouterKernel::kGeneral);  // kAuto
+  EXPECT_EQ(choose_router_kernel(c, t.a), RouterKernel::kWarpGrouped);  // kAuto
   c.kernel = RouterKernel::kWarpGrouped;
   EXPECT_EQ(choose_router_kernel(c, t.a), RouterKernel::kWarpGrouped);
   c.kernel = RouterKernel::kGeneral;
@@ -239,11 +238,13 @@ TEST(RouterKernelChoice, WarpKernelAppliesAndRunsWhenForced) {
   c.kernel = RouterKernel::kAuto;
   t.a.logits.dtype = DType::kFP32;  // either dtype
   EXPECT_TRUE(warp_router_applies(c, t.a));
+  EXPECT_EQ(choose_router_kernel(c, t.a), RouterKernel::kWarpGrouped);
   for (int E : {64, 128, 512}) {  // 2, 4, 16 experts per lane
     RouterConfig d = deepseek();
     d.num_experts = E, d.num_groups = 8, d.topk_groups = 4;
     RouterTensors u(d, 4, 4);
     EXPECT_TRUE(warp_router_applies(d, u.a)) << "E " << E;
+    EXPECT_EQ(choose_router_kernel(d, u.a), RouterKernel::kWarpGrouped) << "E " << E;
   }
   for (int G : {1, 2, 4, 16, 32}) {  // groups of whole lanes
     RouterConfig d = deepseek();
