@@ -37,7 +37,8 @@ struct DispatchArgs {
   // hold this rank's own tokens, then those sent by rank + 1, ..., W - 1, 0, ..., rank - 1, one
   // contiguous run per sender (ref::dispatch_slots); the order within one sender's run is unspecified.
   Tensor expert_x;           // masked [E/W, capacity, H]; packed [R, H]; x's dtype
-  Tensor expert_x_scale;     // masked [E/W, capacity, ceil(H/128)]; packed [R, ceil(H/128)]; fp32 (fp8 only)
+  Tensor expert_x_scale;     // masked [E/W, capacity, ceil(H/128)] ([E/W, ceil(H/128), capacity] with
+                             // config.expert_scales_mn_major); packed [R, ceil(H/128)]; fp32 (fp8 only)
   Tensor expert_num_tokens;  // [E/W] int32: rows placed per local expert
   Tensor expert_offsets;     // [E/W + 1] int32, packed only (required there, absent otherwise): expert e's
                              // rows are expert_offsets[e] + [0, expert_num_tokens[e]); each offset is a

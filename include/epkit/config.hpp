@@ -41,6 +41,11 @@ struct AllToAllConfig {
   // When true, dispatch takes the router weights with the indices and carries them in each message,
   // and combine takes none: combine then needs no weight exchange (one network round trip fewer).
   bool weights_at_dispatch = false;
+  // masked fp8 only: expert_x_scale is [E/W, ceil(H/128), capacity] instead of [E/W, capacity,
+  // ceil(H/128)]: each expert's scales token-minor ("MN-major"), the layout DeepGEMM's masked
+  // grouped GEMM reads and DeepEP's low-latency dispatch returns (a transposed view of it), written
+  // so by dispatch itself instead of by a transposing copy after it.
+  bool expert_scales_mn_major = false;
 };
 
 // Throws epkit::Error naming the first field that is out of range and its limit.

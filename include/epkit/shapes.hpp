@@ -43,7 +43,8 @@ size_t symmetric_heap_bytes(const AllToAllConfig& cfg);
 struct ExpertShapes {
   int ndim = 0;
   int64_t expert_x[3] = {0, 0, 0};        // [L, cap, H] or [R, H]
-  int64_t expert_x_scale[3] = {0, 0, 0};  // [L, cap, ceil(H/128)] or [R, ceil(H/128)] (fp8 only; else 0 rows)
+  int64_t expert_x_scale[3] = {0, 0, 0};  // [L, cap, ceil(H/128)] ([L, ceil(H/128), cap] with expert_scales_mn_major)
+                                          // or [R, ceil(H/128)] (fp8 only; else 0 rows)
   int64_t expert_offsets = 0;             // L + 1 (packed), 0 (masked: not taken)
 
   static ExpertShapes make(const AllToAllConfig& cfg);

@@ -30,7 +30,7 @@ class DispatchOutput(NamedTuple):
     """Dispatch's outputs in the config's layout. masked: expert e's rows are expert_x[e, :n[e]];
     packed: expert_x[offsets[e]:offsets[e] + n[e]] (offsets aligned to packed_row_align)."""
     expert_x: torch.Tensor                   # masked [E/W, capacity, H]; packed [R, H]; dispatch dtype
-    expert_x_scale: Optional[torch.Tensor]   # [..., ceil(H/128)] fp32 rows beside expert_x, fp8 only
+    expert_x_scale: Optional[torch.Tensor]   # [..., ceil(H/128)] fp32 rows beside expert_x, fp8 only (expert_scale_shape)
     expert_num_tokens: torch.Tensor          # [E/W] int32: rows placed per local expert
     expert_offsets: Optional[torch.Tensor] = None  # packed only: [E/W + 1] int32, first row per expert, then rows in use
 
@@ -120,13 +120,20 @@ class AllToAll:
             return (self.packed_rows, inner)
         return (self.num_local_experts, self.capacity, inner)
 
+    def expert_scale_shape(self):
+        """Shape of expert_x_scale: expert_shape(ceil(H/128)), or [E/W, ceil(H/128), capacity] with
+        expert_scales_mn_major (each expert's scales token-minor, as DeepGEMM's masked GEMM reads them)."""
+        if self.config.expert_scales_mn_major:
+            return (self.num_local_experts, self.scales_per_token, self.capacity)
+        return self.expert_shape(self.scales_per_token)
+
     def empty_dispatch_output(self, dtype: Optional[torch.dtype] = None) -> DispatchOutput:
         """Uninitialized dispatch outputs of this layout on this PE's device; expert_x in `dtype` (the
         payload's, default the config's)."""
         L = self.num_local_experts
         scale = None
         if self.scales_per_token:
-            scale = torch.empty(self.expert_shape(self.scales_per_token), dtype=torch.float32, device=self.device)
+            scale = torch.empty(self.expert_scale_shape(), dtype=torch.float32, device=self.device)
         offsets = torch.empty((L + 1,), dtype=torch.int32, device=self.device) if self.packed else None
         return DispatchOutput(
             torch.empty(self.expert_shape(), dtype=dtype or self.dispatch_dtype, device=self.device),

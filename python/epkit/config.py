@@ -51,6 +51,7 @@ class AllToAllConfig:
     num_sms: int = 0                    # 0 means all SMs
     timeout_ms: int = -1                # -1 means env EPKIT_TIMEOUT_MS, else 10000
     weights_at_dispatch: bool = False   # router weights go to dispatch (carried in each message), none to combine
+    expert_scales_mn_major: bool = False  # masked fp8: expert_x_scale [E/W, ceil(H/128), capacity] (DeepGEMM's MN-major scales)
 
     def to_cpp(self) -> "_C.AllToAllConfig":
         c = _C.AllToAllConfig()
@@ -74,6 +75,7 @@ class AllToAllConfig:
         c.num_sms = int(self.num_sms)
         c.timeout_ms = int(self.timeout_ms)
         c.weights_at_dispatch = bool(self.weights_at_dispatch)
+        c.expert_scales_mn_major = bool(self.expert_scales_mn_major)
         return c
 
     def validate(self) -> None:

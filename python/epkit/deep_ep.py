@@ -9,8 +9,9 @@ How the calls map onto epkit.AllToAll:
 
 * Low-latency mode (decode): one AllToAll per (max tokens, hidden, experts, top-k, payload dtype),
   masked layout. Its expert_x *is* DeepEP's packed ``recv_x`` ([E/W, W * M, H]); fp8 dispatch
-  quantizes with epkit.quantize (1x128 blocks) and returns the scales in DeepEP's column-major
-  layout (packed UE8M0 with ``use_ue8m0``); ``return_recv_hook`` is the split send/receive halves.
+  quantizes with epkit.quantize (1x128 blocks) and dispatch writes the scales straight into DeepEP's
+  column-major layout (AllToAllConfig.expert_scales_mn_major; packed UE8M0 with ``use_ue8m0``, from
+  row-major scales); ``return_recv_hook`` is the split send/receive halves.
   Combine is epkit's weighted combine on the same object. DeepEP keeps two buffers; a Buffer keeps up
   to two AllToAll objects per configuration, so two dispatches may be in flight (vLLM's dual-batch
   overlap, SGLang's two-batch overlap).
@@ -568,12 +569,17 @@ class Buffer:
         self._check_range(topk_idx, num_experts)
         M, E = num_max_dispatch_tokens_per_rank, num_experts
         L, N, S = E // W, W * M, H // spec.SCALE_BLOCK
-        key = ("ll", M, H, E, K, bool(use_fp8))
+        # fp32 scales: dispatch writes them straight into DeepEP's column-major layout (each expert's
+        # [S, N] block, returned as its transposed view). UE8M0 packs four exponents per int32 word
+        # after dispatch, from row-major scales.
+        mn_major = bool(use_fp8) and not use_ue8m0
+        key = ("ll", M, H, E, K, bool(use_fp8), mn_major)
 
         def make():
             return self._new_all_to_all(num_experts=E, topk=K, hidden=H, max_tokens_per_rank=M,
                                         dispatch_dtype=FP8 if use_fp8 else BF16, combine_in_dtype=BF16,
-                                        combine_out_dtype=BF16, num_sms=0, path=self._ll_path)
+                                        combine_out_dtype=BF16, num_sms=0, path=self._ll_path,
+                                        expert_scales_mn_major=mn_major)
 
         slot = self._acquire(key, make, self._ll_flush)
         compute, stream = self._launch_stream(None, async_finish)
@@ -583,7 +589,10 @@ class Buffer:
         recv_x = torch.empty((L, N, H), dtype=FP8 if use_fp8 else BF16, device=self.device)
         recv_count = torch.empty((L,), dtype=torch.int32, device=self.device)
         rows_scale = scales = None
-        if use_fp8:
+        if mn_major:
+            scales = spec.empty_deepep_scales(L, N, S, False, self.device)
+            rows_scale = scales.transpose(1, 2)  # its [L, S, N] storage, what dispatch writes
+        elif use_fp8:
             rows_scale = torch.empty((L, N, S), dtype=torch.float32, device=self.device)
             scales = spec.empty_deepep_scales(L, N, S, use_ue8m0, self.device)
         out = DispatchOutput(recv_x, rows_scale, recv_count)
@@ -599,7 +608,7 @@ class Buffer:
             ata._dispatch(_SEND if return_recv_hook else _BOTH, xin, topk_idx, xs, m, out, None)
 
         def receive_side():
-            if use_fp8:
+            if use_fp8 and not mn_major:
                 spec.fill_deepep_scales(scales, rows_scale, use_ue8m0)
             if stats is not None:
                 stats.add_(recv_count)

@@ -171,6 +171,7 @@ void bind_all_to_all(nb::module_& m) {
       .def_rw("num_sms", &AllToAllConfig::num_sms)
       .def_rw("timeout_ms", &AllToAllConfig::timeout_ms)
       .def_rw("weights_at_dispatch", &AllToAllConfig::weights_at_dispatch)
+      .def_rw("expert_scales_mn_major", &AllToAllConfig::expert_scales_mn_major)
       .def("validate", [](const AllToAllConfig& c) { validate(c); })
       .def("num_local_experts", [](const AllToAllConfig& c) { return num_local_experts(c); })
       .def("effective_capacity", [](const AllToAllConfig& c) { return effective_capacity(c); })

@@ -153,6 +153,7 @@ class AllToAllConfig:
     num_sms: int = 0
     timeout_ms: int = -1
     weights_at_dispatch: bool = False
+    expert_scales_mn_major: bool = False
 
 
 def _check(cond, msg):
@@ -174,6 +175,8 @@ class AllToAll:
         _check(1 <= c.max_tokens_per_rank <= 65536, f"max_tokens_per_rank = {c.max_tokens_per_rank}")
         _check(c.dp_size == 1 and c.layout == "masked" and c.capacity == 0, "the model does dp 1, masked, default capacity")
         _check(c.path in ("auto", "portable") and 0 <= c.num_sms <= 1024, "path / num_sms")
+        _check(not c.expert_scales_mn_major or c.dispatch_dtype == torch.float8_e4m3fn,
+               "expert_scales_mn_major needs fp8")
         self.config = c
         self.index = w.created[c.rank]
         w.created[c.rank] += 1
@@ -247,9 +250,12 @@ class AllToAll:
             ex, exs, cnt = out.expert_x, out.expert_x_scale, out.expert_num_tokens
             _check(tuple(ex.shape) == self.expert_shape() and ex.is_contiguous(), f"expert_x {tuple(ex.shape)}")
             _check(ex.dtype == self.dispatched["x"].dtype, "expert_x dtype is not x's")
+            mn = c.expert_scales_mn_major  # each expert's scales [S, capacity]
             if fp8:
-                _check(exs is not None and tuple(exs.shape) == (L, self.capacity, self.scales_per_token) and
-                       exs.dtype == torch.float32 and exs.is_contiguous(), "expert_x_scale")
+                S = self.scales_per_token
+                shape = (L, S, self.capacity) if mn else (L, self.capacity, S)
+                _check(exs is not None and tuple(exs.shape) == shape and
+                       exs.dtype == torch.float32 and exs.is_contiguous(), f"expert_x_scale {tuple(exs.shape)}")
             _check(tuple(cnt.shape) == (L,) and cnt.dtype == torch.int32, "expert_num_tokens")
             self.slot_of = {}
             for el in range(L):
@@ -264,7 +270,9 @@ class AllToAll:
                         if slot >= self.capacity:
                             break
                         ex[el, slot] = d["x"][t].to(ex.device)
-                        if fp8:
+                        if fp8 and mn:
+                            exs[el, :, slot] = d["xs"][t].to(exs.device)
+                        elif fp8:
                             exs[el, slot] = d["xs"][t].to(exs.device)
                         self.slot_of[(s, t, k)] = (el, slot)
                         slot += 1

@@ -43,7 +43,7 @@ def test_config_fields_are_the_cpp_fields():
     assert cpp_fields <= py, f"C++ config fields missing in Python: {cpp_fields - py}"
     cfg = epkit.AllToAllConfig(num_experts=16, topk=4, hidden=7168, max_tokens_per_rank=128,
                                world_size=8, rank=3, dp_size=2, dispatch_dtype="fp8_e4m3", path="portable",
-                               weights_at_dispatch=True)
+                               weights_at_dispatch=True, expert_scales_mn_major=True)
     c = cfg.to_cpp()
     for name in py - {"dispatch_dtype", "combine_in_dtype", "combine_out_dtype", "path", "layout"}:
         assert getattr(c, name) == getattr(cfg, name), name

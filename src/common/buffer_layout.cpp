@@ -114,6 +114,7 @@ ExpertShapes ExpertShapes::make(const AllToAllConfig& c) {
     s.ndim = 3;
     s.expert_x[0] = num_local_experts(c), s.expert_x[1] = effective_capacity(c), s.expert_x[2] = H;
     s.expert_x_scale[0] = s.expert_x[0], s.expert_x_scale[1] = s.expert_x[1], s.expert_x_scale[2] = ns;
+    if (c.expert_scales_mn_major) s.expert_x_scale[1] = ns, s.expert_x_scale[2] = s.expert_x[1];
   }
   return s;
 }

@@ -70,6 +70,9 @@ void validate(const AllToAllConfig& c) {
   EPKIT_CHECK(c.num_sms >= 0 && c.num_sms <= 1024, "num_sms = ", c.num_sms, " must be in [0, 1024] (0 = all)");
   EPKIT_CHECK(c.timeout_ms == -1 || c.timeout_ms >= 1, "timeout_ms = ", c.timeout_ms,
               " must be -1 (env default) or >= 1");
+  EPKIT_CHECK(!c.expert_scales_mn_major || (!packed && c.dispatch_dtype == DType::kFP8E4M3),
+              "expert_scales_mn_major = true needs layout = masked and dispatch_dtype = fp8_e4m3 (got layout = ",
+              layout_name(c.layout), ", dispatch_dtype = ", dtype_name(c.dispatch_dtype), ")");
 }
 
 int num_local_experts(const AllToAllConfig& c) { return c.num_experts / c.world_size; }
@@ -126,7 +129,8 @@ std::string to_string(const AllToAllConfig& c) {
      << ", combine_out_dtype=" << dtype_name(c.combine_out_dtype) << ", layout=" << layout_name(c.layout)
      << ", capacity=" << c.capacity << ", packed_rows=" << c.packed_rows << ", packed_row_align=" << c.packed_row_align
      << ", path=" << (c.path == DataPath::kPortable ? "portable" : "auto") << ", num_sms=" << c.num_sms
-     << ", timeout_ms=" << c.timeout_ms << ", weights_at_dispatch=" << (c.weights_at_dispatch ? 1 : 0) << "}";
+     << ", timeout_ms=" << c.timeout_ms << ", weights_at_dispatch=" << (c.weights_at_dispatch ? 1 : 0)
+     << ", expert_scales_mn_major=" << (c.expert_scales_mn_major ? 1 : 0) << "}";
   return os.str();
 }
 

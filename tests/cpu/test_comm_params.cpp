@@ -10,6 +10,7 @@
 #include "comm/host/comm_params.hpp"
 #include "comm/host/launch_plan.hpp"
 #include "comm/kernels/fastdiv.hpp"
+#include "comm/kernels/mapping.hpp"
 #include "comm/local/mapping.hpp"
 #include "common/buffer_layout.hpp"
 #include "epkit/error.hpp"
@@ -170,6 +171,34 @@ TEST(CommParams, MultipliersAreTheExactQuotients) {
     }
     for (int e = 0; e < L * W; ++e) ASSERT_EQ(kernels::expert_rank(e, p.rank_div), e / L);
   }
+}
+
+// Where dispatch stores each row's scales (kernels::scale_spot): row-major, or each expert's
+// [ns, capacity] block with expert_scales_mn_major; every (row, scale) lands on its own element.
+TEST(CommParams, ScaleSpotsCoverTheScaleTensorOnce) {
+  for (bool mn : {false, true})
+    for (int cap : {0, 1, 7, 33}) {  // 0: M * W = 64
+      AllToAllConfig c = config(2, 1, 1, 8, 2, 640, 32, DType::kFP8E4M3);
+      c.capacity = cap;
+      c.expert_scales_mn_major = mn;
+      validate(c);
+      const kernels::CommParams p = make(c, true).p;
+      const int L = 4, C = effective_capacity(c), ns = 5;
+      ASSERT_EQ(p.num_scales, ns);
+      ASSERT_EQ(p.scales_mn_major, mn ? 1 : 0);
+      std::vector<int> hits(static_cast<size_t>(L) * C * ns, 0);
+      for (int row = 0; row < L * C; ++row) {
+        const kernels::ScaleSpot at = kernels::scale_spot(p, row);
+        const int e = row / C, j = row % C;
+        for (int s = 0; s < ns; ++s) {
+          const int64_t i = at.first + static_cast<int64_t>(s) * at.step;
+          ASSERT_EQ(i, mn ? (static_cast<int64_t>(e) * ns + s) * C + j : static_cast<int64_t>(row) * ns + s)
+              << "mn " << mn << " cap " << C << " row " << row << " scale " << s;
+          ++hits[static_cast<size_t>(i)];
+        }
+      }
+      for (int h : hits) ASSERT_EQ(h, 1);
+    }
 }
 
 TEST(CommParams, PackedLayoutCarriesItsRows) {

@@ -6,6 +6,7 @@
 
 #include "epkit/config.hpp"
 #include "epkit/error.hpp"
+#include "epkit/shapes.hpp"
 
 namespace epkit {
 namespace {
@@ -80,6 +81,26 @@ TEST(Config, PackedLayoutFields) {
   EXPECT_NE(to_string(c).find("layout=packed, capacity=0, packed_rows=1000, packed_row_align=8"), std::string::npos)
       << to_string(c);
   EXPECT_NE(to_string(good()).find("layout=masked"), std::string::npos);
+}
+
+// DeepGEMM's MN-major scales: masked fp8 only; rank-local (the layout of one rank's own output).
+TEST(Config, MnMajorScalesOnlyWithMaskedFp8) {
+  AllToAllConfig c = good();
+  c.expert_scales_mn_major = true;
+  EXPECT_NO_THROW(validate(c));
+  EXPECT_NE(to_string(c).find("expert_scales_mn_major=1"), std::string::npos) << to_string(c);
+  const ExpertShapes s = ExpertShapes::make(c);
+  EXPECT_EQ(s.expert_x_scale[0], num_local_experts(c));
+  EXPECT_EQ(s.expert_x_scale[1], scales_per_token(c));
+  EXPECT_EQ(s.expert_x_scale[2], effective_capacity(c));
+  AllToAllConfig r = c;
+  r.expert_scales_mn_major = false;
+  EXPECT_EQ(agreement_fields(c), agreement_fields(r));
+  expect_error([](auto& x) { x.dispatch_dtype = DType::kBF16, x.expert_scales_mn_major = true; },
+               "expert_scales_mn_major = true needs layout = masked and dispatch_dtype = fp8_e4m3 (got layout = masked, "
+               "dispatch_dtype = bf16)");
+  expect_error([](auto& x) { x.dispatch_dtype = DType::kFP8E4M3, x.layout = ExpertLayout::kPacked, x.expert_scales_mn_major = true; },
+               "(got layout = packed, dispatch_dtype = fp8_e4m3)");
 }
 
 TEST(Config, DerivedQuantities) {

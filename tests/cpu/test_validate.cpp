@@ -148,6 +148,19 @@ TEST(Validate, ScalesOnlyWithFp8) {
   expect_error([&] { host::check_dispatch_args(c, a, true, true, "dispatch"); }, "carries no scales");
 }
 
+// expert_scales_mn_major: expert_x_scale is each expert's [ns, capacity], and the row-major shape is refused.
+TEST(Validate, MnMajorScaleShape) {
+  AllToAllConfig c = cfg();
+  c.expert_scales_mn_major = true;
+  validate(c);
+  DispatchArgs a = good_dispatch(c);
+  expect_error([&] { host::check_dispatch_args(c, a, true, true, "dispatch"); },
+               "expert_x_scale has shape [4, 16, 2]: dim 1 is 16, expected 2");
+  a.expert_x_scale = Tensor(addr(5), DType::kFP32, {4, 2, 16});
+  const kernels::DispatchIO io = host::check_dispatch_args(c, a, true, true, "dispatch");
+  EXPECT_EQ(io.expert_x_scale, static_cast<float*>(addr(5)));
+}
+
 TEST(Validate, EachBadCombineArgumentIsNamed) {
   const AllToAllConfig c = cfg();
   auto bad = [&](const std::function<void(CombineArgs&)>& mutate, const std::string& needle) {

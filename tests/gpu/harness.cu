@@ -394,7 +394,10 @@ DispatchArgs RankBuffers::dispatch_args(const AllToAllConfig& cfg, int m, bool d
   a.topk_idx = Tensor(idx_ptr(), idx_dtype, {M, K});
   if (device_m) a.num_tokens_device = m_dev.as<int32_t>(); else a.num_tokens = m;
   a.expert_x = expert_view(cfg, expert_x.ptr, cfg.dispatch_dtype, H);
-  if (ns) a.expert_x_scale = expert_view(cfg, expert_x_scale.ptr, DType::kFP32, ns);
+  if (ns)
+    a.expert_x_scale = cfg.expert_scales_mn_major
+                           ? Tensor(expert_x_scale.ptr, DType::kFP32, {L, ns, effective_capacity(cfg)})
+                           : expert_view(cfg, expert_x_scale.ptr, DType::kFP32, ns);
   a.expert_num_tokens = Tensor(expert_num_tokens.ptr, DType::kInt32, {L});
   if (cfg.layout == ExpertLayout::kPacked) a.expert_offsets = Tensor(expert_offsets.ptr, DType::kInt32, {L + 1});
   if (cfg.weights_at_dispatch) a.topk_weights = Tensor(weights.ptr, DType::kFP32, {M, K});
@@ -429,10 +432,18 @@ __device__ __half dev_encode<__half>(float v) { return __float2half_rn(v); }
 template <>
 __device__ float dev_encode<float>(float v) { return v; }
 
+// Element of expert_x_scale holding scale i of expert_x row `row`: row-major [rows, ns], or with
+// mn_cap = capacity (expert_scales_mn_major, masked) each expert's [ns, cap] block.
+__device__ __forceinline__ size_t scale_at(size_t row, int i, int ns, int mn_cap) {
+  if (!mn_cap) return row * ns + i;
+  const size_t e = row / mn_cap;
+  return (e * ns + i) * mn_cap + (row - e * mn_cap);
+}
+
 // offsets: the packed layout's first rows (null: masked, el * cap). counts are the placed rows.
 template <typename Tx, typename Ty>
 __global__ void expert_kernel(const Tx* x, const float* scale, const int32_t* counts, const int32_t* offsets, Ty* y,
-                              int rank, int L, int cap, int H, int ns) {
+                              int rank, int L, int cap, int H, int ns, int mn_cap) {
   const int el = blockIdx.y;
   const int n = offsets ? counts[el] : min(counts[el], cap);
   const size_t first = offsets ? static_cast<size_t>(offsets[el]) : static_cast<size_t>(el) * cap;
@@ -442,7 +453,7 @@ __global__ void expert_kernel(const Tx* x, const float* scale, const int32_t* co
     const size_t row = first + pos;
     for (int h = threadIdx.x; h < H; h += blockDim.x) {
       float v = dev_decode(x + row * H + h);
-      if (ns) v = __fmul_rn(v, scale[row * ns + h / 128]);
+      if (ns) v = __fmul_rn(v, scale[scale_at(row, h / 128, ns, mn_cap)]);
       y[row * H + h] = dev_encode<Ty>(__fadd_rn(__fmul_rn(v, c), d));
     }
   }
@@ -451,15 +462,16 @@ __global__ void expert_kernel(const Tx* x, const float* scale, const int32_t* co
 template <typename Tx>
 void launch_expert_in(const AllToAllConfig& cfg, const RankBuffers& b, cudaStream_t st) {
   const int L = num_local_experts(cfg), cap = effective_capacity(cfg), H = cfg.hidden, ns = scales_per_token(cfg);
+  const int mn_cap = cfg.expert_scales_mn_major ? cap : 0;
   dim3 grid(64, L);
   auto* x = b.expert_x.as<Tx>();
   auto* s = b.expert_x_scale.as<float>();
   auto* c = b.expert_num_tokens.as<int32_t>();
   auto* o = cfg.layout == ExpertLayout::kPacked ? b.expert_offsets.as<int32_t>() : nullptr;
   switch (cfg.combine_in_dtype) {
-    case DType::kBF16: expert_kernel<<<grid, 256, 0, st>>>(x, s, c, o, b.expert_y.as<__nv_bfloat16>(), cfg.rank, L, cap, H, ns); break;
-    case DType::kFP16: expert_kernel<<<grid, 256, 0, st>>>(x, s, c, o, b.expert_y.as<__half>(), cfg.rank, L, cap, H, ns); break;
-    default: expert_kernel<<<grid, 256, 0, st>>>(x, s, c, o, b.expert_y.as<float>(), cfg.rank, L, cap, H, ns); break;
+    case DType::kBF16: expert_kernel<<<grid, 256, 0, st>>>(x, s, c, o, b.expert_y.as<__nv_bfloat16>(), cfg.rank, L, cap, H, ns, mn_cap); break;
+    case DType::kFP16: expert_kernel<<<grid, 256, 0, st>>>(x, s, c, o, b.expert_y.as<__half>(), cfg.rank, L, cap, H, ns, mn_cap); break;
+    default: expert_kernel<<<grid, 256, 0, st>>>(x, s, c, o, b.expert_y.as<float>(), cfg.rank, L, cap, H, ns, mn_cap); break;
   }
 }
 }  // namespace
@@ -493,29 +505,30 @@ std::vector<T> download(const DeviceBuffer& b) {
 
 // written[r] for each of `rows` rows of expert_x (pb bytes) and their ns scales: bit 0 when a payload
 // byte is not the poison 0xA5, bit 1 when a scale is not the poison 0xFFFFFFFF.
-__global__ void written_rows_kernel(const uint8_t* x, const uint32_t* sc, size_t pb, int ns, size_t rows,
+__global__ void written_rows_kernel(const uint8_t* x, const uint32_t* sc, size_t pb, int ns, int mn_cap, size_t rows,
                                     uint8_t* written) {
   for (size_t row = blockIdx.x; row < rows; row += gridDim.x) {
     int bad = 0, bad_sc = 0;
     for (size_t i = threadIdx.x; i < pb; i += blockDim.x) bad |= x[row * pb + i] != 0xA5;
-    for (int i = threadIdx.x; i < ns; i += blockDim.x) bad_sc |= sc[row * ns + i] != 0xFFFFFFFFu;
+    for (int i = threadIdx.x; i < ns; i += blockDim.x) bad_sc |= sc[scale_at(row, i, ns, mn_cap)] != 0xFFFFFFFFu;
     bad = __syncthreads_or(bad);
     bad_sc = __syncthreads_or(bad_sc);
     if (threadIdx.x == 0) written[row] = static_cast<uint8_t>((bad ? 1 : 0) | (bad_sc ? 2 : 0));
   }
 }
 // Rows idx[0..n) of expert_x and its scales, one after the other.
-__global__ void gather_rows_kernel(const uint8_t* x, const float* sc, size_t pb, int ns, const int64_t* idx, int n,
-                                   uint8_t* gx, float* gs) {
+__global__ void gather_rows_kernel(const uint8_t* x, const float* sc, size_t pb, int ns, int mn_cap, const int64_t* idx,
+                                   int n, uint8_t* gx, float* gs) {
   for (int i = blockIdx.x; i < n; i += gridDim.x) {
     const size_t r = static_cast<size_t>(idx[i]);
     for (size_t j = threadIdx.x; j < pb; j += blockDim.x) gx[static_cast<size_t>(i) * pb + j] = x[r * pb + j];
-    for (int j = threadIdx.x; j < ns; j += blockDim.x) gs[static_cast<size_t>(i) * ns + j] = sc[r * ns + j];
+    for (int j = threadIdx.x; j < ns; j += blockDim.x) gs[static_cast<size_t>(i) * ns + j] = sc[scale_at(r, j, ns, mn_cap)];
   }
 }
 
 std::string check_dispatch(const AllToAllConfig& cfg, const std::vector<GroupInputs>& groups, const RankBuffers& b) {
   const int L = num_local_experts(cfg), ns = scales_per_token(cfg);
+  const int mn_cap = cfg.expert_scales_mn_major ? effective_capacity(cfg) : 0;
   const bool packed = cfg.layout == ExpertLayout::kPacked;
   const size_t pb = static_cast<size_t>(cfg.hidden) * dtype_size(cfg.dispatch_dtype);
   const size_t rows = static_cast<size_t>(expert_rows(cfg));
@@ -534,7 +547,7 @@ std::string check_dispatch(const AllToAllConfig& cfg, const std::vector<GroupInp
   std::vector<float> es(placed.size() * ns);
   if (rows) {
     DeviceBuffer d_written(rows);
-    written_rows_kernel<<<1024, 256>>>(b.expert_x.as<uint8_t>(), b.expert_x_scale.as<uint32_t>(), pb, ns, rows,
+    written_rows_kernel<<<1024, 256>>>(b.expert_x.as<uint8_t>(), b.expert_x_scale.as<uint32_t>(), pb, ns, mn_cap, rows,
                                        d_written.as<uint8_t>());
     cuda_or_throw(cudaGetLastError(), "written_rows_kernel");
     cuda_or_throw(cudaMemcpy(written.data(), d_written.ptr, rows, cudaMemcpyDeviceToHost), "download written");
@@ -542,7 +555,7 @@ std::string check_dispatch(const AllToAllConfig& cfg, const std::vector<GroupInp
   if (!placed.empty()) {
     DeviceBuffer d_idx(placed.size() * 8), d_x(ex.size()), d_s(es.size() * 4);
     cuda_or_throw(cudaMemcpy(d_idx.ptr, placed.data(), d_idx.bytes, cudaMemcpyHostToDevice), "upload rows");
-    gather_rows_kernel<<<1024, 256>>>(b.expert_x.as<uint8_t>(), b.expert_x_scale.as<float>(), pb, ns,
+    gather_rows_kernel<<<1024, 256>>>(b.expert_x.as<uint8_t>(), b.expert_x_scale.as<float>(), pb, ns, mn_cap,
                                       d_idx.as<int64_t>(), static_cast<int>(placed.size()), d_x.as<uint8_t>(),
                                       d_s.as<float>());
     cuda_or_throw(cudaGetLastError(), "gather_rows_kernel");

@@ -39,6 +39,8 @@ AllToAllConfig make_config(int hidden, int topk, int experts, DType payload, int
   c.path = g_portable ? DataPath::kPortable : DataPath::kAuto;
   c.weights_at_dispatch = variant % 4 == 1;  // both ways of passing the router weights
   c.layout = g_layout;
+  // Half the masked fp8 objects take DeepGEMM's MN-major scales (each expert's [ns, capacity]).
+  c.expert_scales_mn_major = g_layout == ExpertLayout::kMasked && payload == DType::kFP8E4M3 && variant % 2 == 1;
   if (g_layout == ExpertLayout::kPacked) {
     // No alignment, a small one, and DeepGEMM's 128 rows (which pads each expert to 128 rows: only
     // on small rows, to keep the buffers of 8 ranks on one GPU small).

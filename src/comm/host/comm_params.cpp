@@ -49,6 +49,8 @@ kernels::CommParams make_comm_params(const AllToAllConfig& cfg, const SymmetricL
   p.dispatch_slices_mul = small_div_mul(p.dispatch_slices);
   p.combine_slices_mul = small_div_mul(p.combine_slices);
   p.counts_row_mul = small_div_mul(p.num_local_experts + 1);
+  p.scales_mn_major = cfg.expert_scales_mn_major ? 1 : 0;
+  p.capacity_mul = small_div_mul(p.capacity > 0 ? p.capacity : 1);
   // Peers: the first kParamPeers travel in the parameters, all of them in the workspace's table.
   p.sym = at.sym;
   p.peer_bases = reinterpret_cast<uint8_t* const*>(at.workspace + w.peer_bases);

@@ -165,8 +165,9 @@ static __device__ __noinline__ void write_own(const CommParams& p, const Dispatc
   // Slots outer, scales inner: the shuffle runs with every lane (the scale loop's last pass
   // need not).
   for (unsigned m = mask; m; m &= m - 1) {
-    float* dst = io.expert_x_scale + static_cast<size_t>(__shfl_sync(0xffffffffu, slot, __ffs(m) - 1)) * p.num_scales;
-    for (int x = lane; x < p.num_scales; x += kWarpSize) dst[x] = __ldg(src_scale + x);
+    const ScaleSpot at = scale_spot(p, __shfl_sync(0xffffffffu, slot, __ffs(m) - 1));
+    float* dst = io.expert_x_scale + at.first;
+    for (int x = lane; x < p.num_scales; x += kWarpSize) dst[static_cast<int64_t>(x) * at.step] = __ldg(src_scale + x);
   }
   store_map_row(p, K, j, t, p.rank, j, slot);
   if (p.weights_at_dispatch && lane < K)  // where combine_send would otherwise receive them
@@ -776,13 +777,14 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
     if (sl == 0 && p.num_scales > 0) {
 #pragma unroll 1
       for (unsigned m = mask; m; m &= m - 1) {  // warp-uniform: the shuffle runs with every lane
-        float* dst = io.expert_x_scale + static_cast<size_t>(__shfl_sync(0xffffffffu, slot, __ffs(m) - 1)) * p.num_scales;
+        const ScaleSpot at = scale_spot(p, __shfl_sync(0xffffffffu, slot, __ffs(m) - 1));
+        float* dst = io.expert_x_scale + at.first;
 #pragma unroll
         for (int i = 0; i < kScaleRegs; ++i)
-          if (i * kWarpSize + lane < p.num_scales) dst[i * kWarpSize + lane] = scv[i];
+          if (i * kWarpSize + lane < p.num_scales) dst[static_cast<int64_t>(i * kWarpSize + lane) * at.step] = scv[i];
         if (!kDecode)
           for (int x = kScaleRegs * kWarpSize + lane; x < p.num_scales; x += kWarpSize)  // hidden > 16384
-            dst[x] = __ldcg(sc + x);
+            dst[static_cast<int64_t>(x) * at.step] = __ldcg(sc + x);
       }
     }
   }

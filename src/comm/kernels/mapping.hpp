@@ -27,6 +27,18 @@ constexpr int own_tokens(int m, int rank, int dp_size) {
 constexpr int own_tokens_by_mul(int m, int group_index, int dp_size, uint64_t mul) {
   return m > group_index ? small_div(m - group_index + dp_size - 1, mul) : 0;
 }
+// Where the scales of expert_x row `row` go in expert_x_scale: element `first`, then every `step`.
+// Row-major [rows, S]: row * S, step 1. With scales_mn_major (masked: row = e * capacity + j) each
+// expert's block is [S, capacity]: e * S * capacity + j, step capacity (CPU-tested).
+struct ScaleSpot {
+  int64_t first;
+  int step;
+};
+constexpr ScaleSpot scale_spot(const CommParams& p, int row) {
+  if (!p.scales_mn_major) return {static_cast<int64_t>(row) * p.num_scales, 1};
+  const int e = div_by_mul(row, p.capacity, p.capacity_mul);
+  return {static_cast<int64_t>(e) * p.num_scales * p.capacity + (row - e * p.capacity), p.capacity};
+}
 // recv_map's order (layout.hpp, kRecvMapHead): the source at position i (0 <= i < W) of rank me's
 // received messages, its own first, then me + 1, ..., W - 1, 0, ..., me - 1. dispatch_recv numbers
 // the messages it copies in this order, a copy's number being its row (after the own rows when the

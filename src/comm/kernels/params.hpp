@@ -106,6 +106,8 @@ struct CommParams {
   uint64_t dispatch_slices_mul;  // small_div_mul(dispatch_slices)
   uint64_t combine_slices_mul;   // small_div_mul(combine_slices)
   uint64_t counts_row_mul;       // small_div_mul(num_local_experts + 1): the receive half's count matrix
+  int scales_mn_major;           // 1: expert_x_scale is [L, num_scales, capacity] (masked only; scale_spot)
+  uint64_t capacity_mul;         // small_div_mul(capacity)
 };
 static_assert(offsetof(CommParams, recv_map) == 48 && offsetof(CommParams, wave_units_mul) == 104,
               "the W = 1 decode fields fill the parameter block's first 112 bytes");
@@ -127,7 +129,7 @@ struct DispatchIO {
   const float* topk_weights;  // [rows, K] with weights_at_dispatch, else null
   TokenCount m;
   uint8_t* expert_x;          // [L, capacity, H] (masked) or [R, H] (packed)
-  float* expert_x_scale;      // [rows of expert_x, num_scales] or null
+  float* expert_x_scale;      // [rows of expert_x, num_scales], [L, num_scales, capacity] (scales_mn_major), or null
   int32_t* expert_num_tokens; // [L]
   int32_t* expert_offsets;    // [L + 1], packed only (else null)
 };

@@ -133,15 +133,16 @@ __device__ void local_counts_out(const CommParams& p, const DispatchIO& io, cons
   for (int e = threadIdx.x; e < E; e += blockDim.x) write_masked_count(p, io, e, sm.cnt[e], cap);
 }
 
-// The warp stores a token's ns scales into row r of expert_x_scale: the first 128 held in sc, any
-// further ones (hidden > 16384) read from src_sc.
-__device__ __forceinline__ void store_row_scales(const DispatchIO& io, int ns, const float (&sc)[kScaleRegs],
-                                                 const float* src_sc, int r, int lane) {
-  float* ds = io.expert_x_scale + static_cast<size_t>(r) * ns;
+// The warp stores a token's ns scales for row r of expert_x (at scale_spot): the first 128 held in
+// sc, any further ones (hidden > 16384) read from src_sc.
+__device__ __forceinline__ void store_row_scales(const CommParams& p, const DispatchIO& io, int ns,
+                                                 const float (&sc)[kScaleRegs], const float* src_sc, int r, int lane) {
+  const ScaleSpot at = scale_spot(p, r);
+  float* ds = io.expert_x_scale + at.first;
 #pragma unroll
   for (int i = 0; i < kScaleRegs; ++i)
-    if (i * kWarpSize + lane < ns) ds[i * kWarpSize + lane] = sc[i];
-  for (int x = kScaleRegs * kWarpSize + lane; x < ns; x += kWarpSize) ds[x] = __ldcg(src_sc + x);
+    if (i * kWarpSize + lane < ns) ds[static_cast<int64_t>(i * kWarpSize + lane) * at.step] = sc[i];
+  for (int x = kScaleRegs * kWarpSize + lane; x < ns; x += kWarpSize) ds[static_cast<int64_t>(x) * at.step] = __ldcg(src_sc + x);
 }
 
 // The warp stores piece pc of a row (U 16-byte chunks per lane: 512 * U bytes) into row r of
@@ -158,7 +159,7 @@ __device__ __forceinline__ void store_row_piece(const CommParams& p, const Dispa
     const int c = (pc * U + q) * kWarpSize + lane;
     if (c < chunks) dst[c] = v[q];
   }
-  if (pc == 0 && ns > 0) store_row_scales(io, ns, sc, src_sc, r, lane);
+  if (pc == 0 && ns > 0) store_row_scales(p, io, ns, sc, src_sc, r, lane);
 }
 
 // Lane k holds `row` for entry k (-1: none): the warp stores its slice into each of those rows.
@@ -409,7 +410,7 @@ __device__ void local_dispatch_tiny_roles(const CommParams& p, const DispatchIO&
       const int rt = small_div(r, u.kmul);
       if (!(scale_first && q == u.gw)) load_token_scales(io, rt, ns, lane, pre_sc);
       const int dst = __shfl_sync(0xffffffffu, row, r);
-      if (dst >= 0) store_row_scales(io, ns, pre_sc, io.x_scale + static_cast<size_t>(rt) * ns, dst, lane);
+      if (dst >= 0) store_row_scales(p, io, ns, pre_sc, io.x_scale + static_cast<size_t>(rt) * ns, dst, lane);
     } else if (r < nscale + ncount) {  // experts 32 c .. 32 c + 31
       const int c = r - nscale;
       int* cnt = warp_cnt[warp];
