@@ -175,16 +175,22 @@ std::vector<Row> bench_layer(const Options& o, const Ceilings& c, const L2Flush&
     for (const Variant& v : variants) {
       const MoELayerConfig lc = deepseek_config(comm, E, M, v.sched, v.layout, v.concurrent, v.fused);
       MoELayer layer(comm, lc, w.views);
+      // Whether this layer's shapes take moe::GateRouter at decode batches (the layer's own rule).
+      const bool gate_router_fits = moe::gate_router_applies(
+          moe::GateShape{kH, lc.num_experts, std::min(M, moe::kGateRouterMaxTokens)}, router_config(lc));
       const std::string shared_mode =
           v.sched == MoESchedule::kNone && lc.shared_concurrent ? "concurrent" : "in_stream";
       for (int q : o.query_lens) {
         for (int b : o.batches) {
           const int T = b * q;
           if (v.sched == MoESchedule::kMicrobatch && T < 2) continue;
-          if (v.fused != fused_def && T > moe::kGateRouterMaxTokens) continue;  // the same kernels as the default
+          // Where the fused kernel does not apply (or above its batch), on and off run the same kernels.
+          const bool fusable = T <= moe::kGateRouterMaxTokens && gate_router_fits;
+          if (v.fused != fused_def && !fusable) continue;
+          const bool fuses = v.fused && fusable;
           LayerRow r;
           r.schedule = schedule_name(v.sched), r.layout = layout_name(v.layout), r.shared = shared_mode;
-          r.gate_router = v.fused && T <= moe::kGateRouterMaxTokens ? "fused" : "separate";
+          r.gate_router = fuses ? "fused" : "separate";
           r.world_size = W, r.experts = E, r.batch = b, r.query_len = q, r.tokens = T;
           MoEBatch batch;
           batch.x = Tensor(x.get(), DType::kBF16, {T, kH});
