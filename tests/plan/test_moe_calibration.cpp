@@ -61,9 +61,11 @@ std::string mem_row(const std::string& kernel, const std::string& variant, int G
 }
 
 std::string layer_row(const std::string& schedule, int W, int E, int batch, int q, double graph_us,
-                      const std::string& layout = "masked", bool breakdown = false, const std::string& shared = "") {
+                      const std::string& layout = "masked", bool breakdown = false, const std::string& shared = "",
+                      const std::string& gate_router = "") {
   std::string r = R"({"kernel":"moe_layer","system":"epkit","schedule":")" + schedule + R"(","layout":")" + layout +
                   (shared.empty() ? "" : R"(","shared":")" + shared) +
+                  (gate_router.empty() ? "" : R"(","gate_router":")" + gate_router) +
                   R"(","world_size":)" + std::to_string(W) + R"(,"experts":)" + std::to_string(E) + R"(,"batch":)" +
                   std::to_string(batch) + R"(,"query_len":)" + std::to_string(q) + R"(,"tokens":)" +
                   std::to_string(batch * q) + R"(,"us_median":)" + num(graph_us * 1.2) + R"(,"us_p99":1,"graph_us_median":)" +
@@ -318,6 +320,29 @@ TEST(PlanMoeCalibration, LayerRowsPreferTheDefaultSharedPlacement) {
   const std::string bad = error_of(
       [&] { calibration_from_json(doc(layer_row("none", 1, 256, 4, 2, 900, "masked", false, "sideways")), m); });
   EXPECT_NE(bad.find("shared = 'sideways'"), std::string::npos) << bad;
+}
+
+// epkit-moe layer's same-run A/B of the fused gate + router gives a decode point twice: the planner
+// keeps the fused row (the library's default), counts the other as ignored, and keeps a separate row
+// that has no fused twin (above 32 tokens, or where the fused kernel does not apply).
+TEST(PlanMoeCalibration, LayerRowsKeepTheFusedGateRouter) {
+  const ModelSpec m = load_model("deepseek-v3");
+  const GpuSpec g = load_gpu("h200");
+  const Calibration cal = calibration_from_json(
+      doc(layer_row("none", 1, 256, 4, 2, 650, "packed", false, "concurrent", "separate") + "," +
+          layer_row("none", 1, 256, 4, 2, 640, "packed", false, "concurrent", "fused") + "," +
+          layer_row("none", 1, 256, 64, 2, 900, "packed", false, "concurrent", "separate")),
+      m);
+  ASSERT_EQ(cal.layers.size(), 2u);
+  EXPECT_EQ(cal.layer_rows_ignored, 1);
+  const PlanPoint ep1 = estimate(m, g, cfg(1, 1, 4), {}, &cal);
+  ASSERT_TRUE(ep1.layer_check.has_value()) << ep1.layer_check_note;
+  EXPECT_EQ(ep1.layer_check->row.gate_router, "fused");
+  EXPECT_DOUBLE_EQ(ep1.layer_check->row.graph_us, 640);
+  const std::string bad = error_of([&] {
+    calibration_from_json(doc(layer_row("none", 1, 256, 4, 2, 900, "masked", false, "", "half")), m);
+  });
+  EXPECT_NE(bad.find("gate_router = 'half'"), std::string::npos) << bad;
 }
 
 TEST(PlanMoeCalibration, LayerRowsMapOntoDeployments) {

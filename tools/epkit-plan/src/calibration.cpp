@@ -6,6 +6,7 @@
 #include <cctype>
 #include <cmath>
 #include <map>
+#include <set>
 #include <tuple>
 
 #include "calibration_rows.hpp"
@@ -95,6 +96,23 @@ CommMeasurement comm_row(const Json& row, const std::string& where) {
   return r;
 }
 
+// epkit-moe layer runs schedule none at decode batches twice, with the fused gate + router (the
+// library's default where it applies) and without it: the second row of such a point is the A/B's,
+// not what the library runs, so it is left out (and counted).
+void drop_unfused_twins(Calibration& cal) {
+  auto key = [](const LayerMeasurement& r) {
+    return std::make_tuple(r.device, r.world_size, r.experts, r.batch, r.query_len, r.schedule, r.layout, r.shared);
+  };
+  std::set<decltype(key(cal.layers[0]))> fused;
+  for (const auto& r : cal.layers)
+    if (r.gate_router == "fused") fused.insert(key(r));
+  const size_t before = cal.layers.size();
+  cal.layers.erase(std::remove_if(cal.layers.begin(), cal.layers.end(),
+                                  [&](const LayerMeasurement& r) { return r.gate_router == "separate" && fused.count(key(r)); }),
+                   cal.layers.end());
+  cal.layer_rows_ignored += static_cast<int>(before - cal.layers.size());
+}
+
 // Two rows of one point would make the lookup depend on file order; refuse them.
 void check_unique(const Calibration& cal) {
   std::map<std::tuple<std::string, std::string, int, int, int, int, std::string>, const KernelMeasurement*> kernels;
@@ -148,6 +166,7 @@ Calibration calibration_from_json(const Json& j, const ModelSpec& m, const std::
       EPKIT_FAIL(where, " has neither dispatch_us_median (an epkit-bench row) nor kernel (an epkit-moe row)");
     }
   }
+  drop_unfused_twins(cal);
   check_unique(cal);
   return cal;
 }
@@ -171,6 +190,7 @@ Calibration load_calibrations(const std::vector<std::string>& paths, const Model
     all.kernels.insert(all.kernels.end(), one.kernels.begin(), one.kernels.end());
     all.layers.insert(all.layers.end(), one.layers.begin(), one.layers.end());
     all.kernel_rows_ignored += one.kernel_rows_ignored;
+    all.layer_rows_ignored += one.layer_rows_ignored;
   }
   check_unique(all);
   return all;

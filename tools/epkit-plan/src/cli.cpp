@@ -136,6 +136,7 @@ Json calibration_json(const std::optional<Calibration>& cal) {
       .set("rows_used", cal ? double(cal->comm.size()) : 0.0)
       .set("kernel_rows_used", cal ? double(cal->kernels.size()) : 0.0)
       .set("kernel_rows_ignored", cal ? cal->kernel_rows_ignored : 0)
+      .set("layer_rows_ignored", cal ? cal->layer_rows_ignored : 0)
       .set("layer_rows_used", cal ? double(cal->layers.size()) : 0.0);
   return j;
 }
@@ -143,7 +144,7 @@ Json calibration_json(const std::optional<Calibration>& cal) {
 std::string calibration_line(const Calibration& cal) {
   return detail::concat("calibration: ", cal.comm.size(), " epkit-bench rows (dispatch/combine), ", cal.kernels.size(),
                         " epkit-moe kernel rows (", cal.kernel_rows_ignored, " ignored), ", cal.layers.size(),
-                        " epkit-moe layer rows, from ", cal.source, "\n");
+                        " epkit-moe layer rows (", cal.layer_rows_ignored, " ignored), from ", cal.source, "\n");
 }
 
 int cmd_explain(const std::vector<std::string>& args, std::ostream& out) {

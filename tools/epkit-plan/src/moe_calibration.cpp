@@ -80,6 +80,11 @@ LayerMeasurement layer_row(const Json& row, const std::string& where, const MoeF
     EPKIT_CHECK(r.shared == "concurrent" || r.shared == "in_stream", where, ".shared = '", r.shared,
                 "' is not one of: concurrent, in_stream");
   }
+  if (const Json* g = row.find("gate_router")) {
+    r.gate_router = g->as_string(where + ".gate_router");
+    EPKIT_CHECK(r.gate_router == "fused" || r.gate_router == "separate", where, ".gate_router = '", r.gate_router,
+                "' is not one of: fused, separate");
+  }
   if (const Json* b = row.find("breakdown")) {
     const Json::Array& steps = b->as_array(where + ".breakdown");
     for (size_t i = 0; i < steps.size(); ++i) {

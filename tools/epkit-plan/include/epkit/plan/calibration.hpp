@@ -55,6 +55,7 @@ struct LayerMeasurement {
   std::string schedule;      // none | dispatch_overlap | microbatch
   std::string layout;        // masked | packed
   std::string shared = "in_stream";  // concurrent | in_stream: where the shared expert ran (absent: in_stream)
+  std::string gate_router;   // fused | separate: gate GEMM + router in one kernel or two ("" when absent)
   std::string device;        // the file's meta.device ("" when absent)
   std::string source;        // file it came from
   std::string note;
@@ -77,6 +78,7 @@ struct Calibration {
   std::vector<KernelMeasurement> kernels;  // epkit-moe kernel rows of system epkit, default variants only
   std::vector<LayerMeasurement> layers;    // epkit-moe layer rows
   int kernel_rows_ignored = 0;             // other systems, and variants the planner does not use (uneven, config sweeps)
+  int layer_rows_ignored = 0;              // the same-run A/B rows that turn the fused gate + router off
 };
 
 // Measured dispatch and combine times, µs, for one configuration.
