@@ -7,6 +7,10 @@
   scripts/plot_moe.py layer bench/results/moe-layer-h200-latest.json -o docs/img/moe_layer_h200.png
       the MoE layer: per-kernel breakdown as stacked bars (schedule none) and every schedule's
       graph-replayed latency against batch.
+  scripts/plot_moe.py transformers bench/results/transformers-h100-latest.json -o docs/img/transformers_h100.png
+      one MoE block per family (transformers_bench.py): graph-replayed time against tokens for
+      transformers' grouped_mm, epkit's experts implementation and patch_moe, with each one's
+      weight-read floor.
 """
 import argparse
 import json
@@ -132,15 +136,51 @@ def plot_layer(doc, out):
     fig.savefig(out, dpi=110)
 
 
+# (system, label, colour, the floor's weights)
+TF_SYSTEMS = [("grouped_mm", "transformers grouped_mm (bf16)", "C1"),
+              ("epkit", "epkit experts implementation (FP8)", "C0"),
+              ("patch_moe", "epkit patch_moe: the whole block (FP8)", "C2")]
+TF_FAMILIES = [("deepseek_v3", "DeepSeek-V3 block (E 256, top-8, shared)"),
+               ("qwen3_moe", "Qwen3-MoE block (E 128, top-8)"), ("mixtral", "Mixtral block (E 8, top-2)")]
+
+
+def plot_transformers(doc, out):
+    rows = [r for r in doc["rows"] if r["mode"] == "graph" and r.get("us_median")]
+    fig, axes = plt.subplots(1, len(TF_FAMILIES), figsize=(15, 4.8))
+    for ax, (fam, title) in zip(axes, TF_FAMILIES):
+        for sysname, label, color in TF_SYSTEMS:
+            pts = sorted((r["tokens"], r["us_median"], r["floor_us"]) for r in rows
+                         if r["family"] == fam and r["system"] == sysname)
+            if not pts:
+                continue
+            ts = [p[0] for p in pts]
+            ax.plot(ts, [p[1] for p in pts], "-", marker="o", ms=4, color=color, label=label)
+            if sysname != "epkit":  # epkit's two share the FP8 floor
+                weights = "bf16" if sysname == "grouped_mm" else "FP8"
+                ax.plot(ts, [p[2] for p in pts], ":", color=color, lw=1, label=f"{weights} weight-read floor")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("tokens per call")
+        ax.set_ylabel("µs per block (CUDA graph)")
+        ax.set_title(title, fontsize=10)
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0].legend(fontsize=7, loc="upper left")
+    meta = doc.get("meta", {})
+    fig.suptitle(f"MoE blocks in transformers {meta.get('transformers', '?')}, {meta.get('device', '?')}, "
+                 f"commit {meta.get('commit', '?')}, {meta.get('date_utc', '')}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=["kernels", "layer"])
+    ap.add_argument("what", choices=["kernels", "layer", "transformers"])
     ap.add_argument("json")
     ap.add_argument("-o", "--out", required=True)
     a = ap.parse_args()
     with open(a.json) as f:
         doc = json.load(f)
-    (plot_kernels if a.what == "kernels" else plot_layer)(doc, a.out)
+    {"kernels": plot_kernels, "layer": plot_layer, "transformers": plot_transformers}[a.what](doc, a.out)
     print(f"wrote {a.out}")
     return 0
 
