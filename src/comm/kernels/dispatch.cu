@@ -16,7 +16,6 @@ namespace {
 
 constexpr int kRoundTokens = kDispatchRoundTokens;  // own tokens placed per round of the send half
 constexpr int kHistUnroll = 4;    // topk loads in flight per lane in the send half's histogram
-constexpr int kScaleRegs = 4;     // scales per lane held in registers by the copies (128 per token)
 constexpr int kUnroll = 4;        // 16-byte chunks per lane per slice (kSliceBytes = 32 * 4 * 16)
 constexpr int kSliceChunks = kWarpSize * kUnroll;
 static_assert(kScaleRegs * kWarpSize == kDispatchDecodeMaxScales, "the decode kernel holds every scale in registers");
@@ -776,16 +775,9 @@ __device__ void dispatch_recv(const CommParams& p, const DispatchIO& io, uint64_
     const unsigned mask = store_slice_to_slots(p, io, v, slot, sl, lane, payload_chunks);
     if (sl == 0 && p.num_scales > 0) {
 #pragma unroll 1
-      for (unsigned m = mask; m; m &= m - 1) {  // warp-uniform: the shuffle runs with every lane
-        const ScaleSpot at = scale_spot(p, __shfl_sync(0xffffffffu, slot, __ffs(m) - 1));
-        float* dst = io.expert_x_scale + at.first;
-#pragma unroll
-        for (int i = 0; i < kScaleRegs; ++i)
-          if (i * kWarpSize + lane < p.num_scales) dst[static_cast<int64_t>(i * kWarpSize + lane) * at.step] = scv[i];
-        if (!kDecode)
-          for (int x = kScaleRegs * kWarpSize + lane; x < p.num_scales; x += kWarpSize)  // hidden > 16384
-            dst[static_cast<int64_t>(x) * at.step] = __ldcg(sc + x);
-      }
+      for (unsigned m = mask; m; m &= m - 1)  // warp-uniform: the shuffle runs with every lane
+        store_row_scales<!kDecode>(p, io, p.num_scales, scv, sc,
+                                   __shfl_sync(0xffffffffu, slot, __ffs(m) - 1), lane);
     }
   }
 }

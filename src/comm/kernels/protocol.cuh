@@ -232,4 +232,22 @@ __device__ __forceinline__ T* sym_at(const CommParams& p, size_t off) {
   return reinterpret_cast<T*>(p.sym + off);
 }
 
+// Scales per lane the dispatch copies hold in registers: 128 per token, every one up to H = 16384.
+inline constexpr int kScaleRegs = 4;
+
+// The warp stores the ns scales of expert_x row `row` where scale_spot puts them: the first
+// kScaleRegs * 32 from sc (lane l holds l, l + 32, ...), any further ones (H > 16384) read from
+// src; kTail = false where no call has more (the decode kernel).
+template <bool kTail = true>
+__device__ __forceinline__ void store_row_scales(const CommParams& p, const DispatchIO& io, int ns,
+                                                 const float (&sc)[kScaleRegs], const float* src, int row, int lane) {
+  const ScaleSpot at = scale_spot(p, row);
+  float* dst = io.expert_x_scale + at.first;
+#pragma unroll
+  for (int i = 0; i < kScaleRegs; ++i)
+    if (i * kWarpSize + lane < ns) dst[static_cast<int64_t>(i * kWarpSize + lane) * at.step] = sc[i];
+  if (kTail)
+    for (int x = kScaleRegs * kWarpSize + lane; x < ns; x += kWarpSize) dst[static_cast<int64_t>(x) * at.step] = __ldcg(src + x);
+}
+
 }  // namespace epkit::kernels

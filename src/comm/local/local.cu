@@ -42,7 +42,6 @@ namespace {
 constexpr int kHistUnroll = 4;    // topk loads in flight per lane in the histogram
 constexpr int kUnroll = 4;        // 16-byte chunks per lane per dispatch slice (kSliceBytes)
 constexpr int kSliceChunks = kWarpSize * kUnroll;
-constexpr int kScaleRegs = 4;     // scales per lane held in registers (128 per token, H <= 16384)
 constexpr int kRowBatch = 8;      // small combine: expert rows whose loads a warp keeps in flight together
 // Large combine: rows whose four 512-byte pieces (a unit's 1024 elements) a warp loads together.
 // Two rows of four pieces measured faster at 4096 tokens than eight rows of one piece (V3 combine
@@ -131,18 +130,6 @@ __device__ void local_counts_out(const CommParams& p, const DispatchIO& io, cons
     return;
   }
   for (int e = threadIdx.x; e < E; e += blockDim.x) write_masked_count(p, io, e, sm.cnt[e], cap);
-}
-
-// The warp stores a token's ns scales for row r of expert_x (at scale_spot): the first 128 held in
-// sc, any further ones (hidden > 16384) read from src_sc.
-__device__ __forceinline__ void store_row_scales(const CommParams& p, const DispatchIO& io, int ns,
-                                                 const float (&sc)[kScaleRegs], const float* src_sc, int r, int lane) {
-  const ScaleSpot at = scale_spot(p, r);
-  float* ds = io.expert_x_scale + at.first;
-#pragma unroll
-  for (int i = 0; i < kScaleRegs; ++i)
-    if (i * kWarpSize + lane < ns) ds[static_cast<int64_t>(i * kWarpSize + lane) * at.step] = sc[i];
-  for (int x = kScaleRegs * kWarpSize + lane; x < ns; x += kWarpSize) ds[static_cast<int64_t>(x) * at.step] = __ldcg(src_sc + x);
 }
 
 // The warp stores piece pc of a row (U 16-byte chunks per lane: 512 * U bytes) into row r of
