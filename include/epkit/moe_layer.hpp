@@ -77,6 +77,9 @@ void validate(const MoELayerConfig& cfg);
 int num_local_experts(const MoELayerConfig& cfg);   // E / W
 int shared_intermediate(const MoELayerConfig& cfg);  // shared_intermediate, or intermediate when 0
 moe::RouterConfig router_config(const MoELayerConfig& cfg);
+// Whether moe::GateRouter can run a half of `half_rows` rows at decode batches (its first
+// min(half_rows, 32)): the layer fuses gate + router there when fused_gate_router is set.
+bool gate_router_fits(const MoELayerConfig& cfg, int half_rows);
 // The dispatch/combine config of one half (half_tokens: M, or the split point of kMicrobatch).
 AllToAllConfig all_to_all_config(const MoELayerConfig& cfg, int half_tokens);
 // Tokens of half 0 under kMicrobatch: rows [0, split) go to half 0, [split, m) to half 1.

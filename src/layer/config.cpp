@@ -6,6 +6,7 @@
 
 #include "epkit/error.hpp"
 #include "common/buffer_layout.hpp"
+#include "epkit/moe/gate.hpp"
 #include "epkit/moe_layer.hpp"
 #include "layer/sizes.hpp"
 
@@ -40,6 +41,11 @@ moe::RouterConfig router_config(const MoELayerConfig& c) {
   r.renormalize = c.renormalize;
   r.routed_scaling = c.routed_scaling;
   return r;
+}
+
+bool gate_router_fits(const MoELayerConfig& c, int half_rows) {
+  const int rows = std::min(half_rows, moe::kGateRouterMaxTokens);
+  return rows >= 1 && moe::gate_router_applies(moe::GateShape{c.hidden, c.num_experts, rows}, router_config(c));
 }
 
 int expected_rows_per_expert(const MoELayerConfig& c, int tokens) {

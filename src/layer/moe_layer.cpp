@@ -221,11 +221,9 @@ void MoELayer::Impl::build(const std::vector<AllToAll*>& borrowed, bool owned_ob
   }
 
   gate = std::make_unique<moe::GateProjection>(cfg.hidden, cfg.num_experts, half[0].rows);
-  for (int h = 0; h < halves; ++h) {
-    const moe::GateShape gs{cfg.hidden, cfg.num_experts, std::min(half[h].rows, moe::kGateRouterMaxTokens)};
-    if (cfg.fused_gate_router && gs.max_tokens >= 1 && moe::gate_router_applies(gs, rcfg))
-      gate_router[h] = std::make_unique<moe::GateRouter>(gs.hidden, rcfg, gs.max_tokens);
-  }
+  for (int h = 0; h < halves; ++h)
+    if (cfg.fused_gate_router && gate_router_fits(cfg, half[h].rows))
+      gate_router[h] = std::make_unique<moe::GateRouter>(cfg.hidden, rcfg, std::min(half[h].rows, moe::kGateRouterMaxTokens));
   const int I = cfg.intermediate, Is = shared_intermediate(cfg), H = cfg.hidden;
   const bool packed = cfg.layout == ExpertLayout::kPacked;
   auto routed = [&](int n, int k) {

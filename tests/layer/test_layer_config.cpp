@@ -91,6 +91,20 @@ TEST(MoELayerConfig, DerivedConfigs) {
 }
 
 // The GEMM tile is chosen for the fullest expert, not the mean one: mean + sqrt(2 mean ln L).
+// The layer's rule for the fused gate + router: DeepSeek-V3's router at every world size (the gate
+// covers all E experts), not below 128 experts, not for the softmax router, not for an empty half.
+TEST(MoELayerConfig, GateRouterFitsTheWarpRoutersShapes) {
+  for (int W : {1, 8}) EXPECT_TRUE(gate_router_fits(deepseek(W), 128)) << "W = " << W;
+  EXPECT_TRUE(gate_router_fits(deepseek(1), 1));
+  EXPECT_FALSE(gate_router_fits(deepseek(1), 0));
+  MoELayerConfig c = deepseek(1);
+  c.num_experts = 32, c.num_groups = 4, c.topk_groups = 2;
+  EXPECT_FALSE(gate_router_fits(c, 32));
+  c = deepseek(1);
+  c.router_mode = moe::RouterMode::kSoftmaxTopK, c.num_groups = 1, c.topk_groups = 1;
+  EXPECT_FALSE(gate_router_fits(c, 32));
+}
+
 TEST(MoELayerConfig, ExpectedRowsPerExpertCoversTheFullestExpert) {
   MoELayerConfig one = deepseek(1);
   one.num_experts = 32;  // an EP8 rank's experts on one GPU

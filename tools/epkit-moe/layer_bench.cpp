@@ -175,9 +175,6 @@ std::vector<Row> bench_layer(const Options& o, const Ceilings& c, const L2Flush&
     for (const Variant& v : variants) {
       const MoELayerConfig lc = deepseek_config(comm, E, M, v.sched, v.layout, v.concurrent, v.fused);
       MoELayer layer(comm, lc, w.views);
-      // Whether this layer's shapes take moe::GateRouter at decode batches (the layer's own rule).
-      const bool gate_router_fits = moe::gate_router_applies(
-          moe::GateShape{kH, lc.num_experts, std::min(M, moe::kGateRouterMaxTokens)}, router_config(lc));
       const std::string shared_mode =
           v.sched == MoESchedule::kNone && lc.shared_concurrent ? "concurrent" : "in_stream";
       for (int q : o.query_lens) {
@@ -185,7 +182,7 @@ std::vector<Row> bench_layer(const Options& o, const Ceilings& c, const L2Flush&
           const int T = b * q;
           if (v.sched == MoESchedule::kMicrobatch && T < 2) continue;
           // Where the fused kernel does not apply (or above its batch), on and off run the same kernels.
-          const bool fusable = T <= moe::kGateRouterMaxTokens && gate_router_fits;
+          const bool fusable = T <= moe::kGateRouterMaxTokens && gate_router_fits(lc, M);
           if (v.fused != fused_def && !fusable) continue;
           const bool fuses = v.fused && fusable;
           LayerRow r;
