@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "comm/kernels/warp_match.cuh"
+#include "moe_testing.hpp"  // base_seed, CUDA_OK and main(): the MoE GPU tests' harness
 
 namespace {
 
@@ -39,29 +40,12 @@ __global__ void token_lanes_kernel(int K, unsigned* out) {
   if (u * K < 32) out[u] = token_lanes(u, K);
 }
 
-#define CUDA_OK(x) ASSERT_EQ((x), cudaSuccess) << #x
-
-uint64_t seed() {
-  static const uint64_t s = [] {
-    uint64_t v;
-    if (const char* e = std::getenv("EPKIT_TEST_SEED")) {
-      v = std::strtoull(e, nullptr, 10);
-    } else {
-      std::random_device rd;
-      v = (static_cast<uint64_t>(rd()) << 32) ^ rd();
-    }
-    std::printf("[warp-match] seed=%llu (set EPKIT_TEST_SEED to replay)\n", static_cast<unsigned long long>(v));
-    return v;
-  }();
-  return s;
-}
-
 // Every bit width the library uses (0..12), keys drawn from ranges that force many, few or no
 // repeats, some lanes negative (masked entries). For a lane with a key >= 0 the masks must be equal;
 // a negative key's mask is its own lane only (MATCH.ANY would group the negative lanes together,
 // which the callers never read).
 TEST(WarpMatch, BallotsAndGroupsGiveTheMatchMasks) {
-  std::mt19937_64 rng(seed());
+  std::mt19937_64 rng(epkit::moe_test::base_seed());
   const int n = kWarpsPerCase * 32;
   int* d_keys;
   unsigned *d_b, *d_m, *d_g;
@@ -154,13 +138,4 @@ TEST(WarpMatch, TokenLanesAreTheTokensEntries) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  int ndev = 0;
-  if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
-    std::printf("skipped: no GPU (%s needs one CUDA GPU)\n", argv[0]);
-    return 77;
-  }
-  (void)seed();
-  return RUN_ALL_TESTS();
-}
+// main(): moe_testing.cpp's (the loud skip without a GPU, the seed printed first).
