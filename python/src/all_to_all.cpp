@@ -22,69 +22,40 @@ namespace {
 
 enum Mode : int { kBoth = 0, kSend = 1, kRecv = 2 };
 
-// The Python object. With NVSHMEM initialized, the runtime's instance list owns the AllToAll: an
-// object dropped without destroy() keeps its symmetric memory until nvshmem_finalize frees it in
-// creation order, because a free triggered by garbage collection would run a collective at a
-// different time on each rank. At world size 1 without NVSHMEM the object is the single-process
-// one (AllToAll(cfg), on the current device): the handle owns it and frees it like any tensor.
+// The Python object: an AllToAll held as runtime.hpp's Held describes (the instance list's with
+// NVSHMEM initialized, else a single-process object on the current device, owned here).
 class Handle {
  public:
   explicit Handle(const AllToAllConfig& cfg) {
     if (!runtime().comm && cfg.world_size == 1) {
-      const cudaError_t e = cudaGetDevice(&device_);
+      int dev = 0;
+      const cudaError_t e = cudaGetDevice(&dev);
       EPKIT_CHECK(e == cudaSuccess, "cudaGetDevice: ", cudaGetErrorString(e));
-      nb::gil_scoped_release release;
-      owned_ = std::make_shared<AllToAll>(cfg);
-      weak_ = owned_;
+      std::shared_ptr<AllToAll> a;
+      {
+        nb::gil_scoped_release release;
+        a = std::make_shared<AllToAll>(cfg);
+      }
+      held_.adopt(std::move(a), true, dev);
       return;
     }
     const Communicator& c = comm();
-    device_ = c.device();
     std::shared_ptr<AllToAll> a;
     {
       nb::gil_scoped_release release;  // collective: allocates and agrees on the config with peers
-      DeviceGuard guard(device_);
+      DeviceGuard guard(c.device());
       a = std::make_shared<AllToAll>(c, cfg);
     }
-    runtime().instances.push_back(a);
-    weak_ = a;
+    held_.adopt(std::move(a), false, c.device());
   }
 
-  std::shared_ptr<AllToAll> get() const {
-    auto a = weak_.lock();
-    EPKIT_CHECK(a != nullptr, "this AllToAll was destroyed (destroy() or nvshmem_finalize())");
-    return a;
-  }
-  int device() const { return device_; }
-
-  void destroy() {
-    if (owned_) {  // single process: nothing collective
-      nb::gil_scoped_release release;
-      DeviceGuard guard(device_);
-      weak_.reset();
-      owned_.reset();
-      return;
-    }
-    auto a = weak_.lock();
-    if (!a) return;
-    weak_.reset();
-    auto& v = runtime().instances;
-    for (auto it = v.begin(); it != v.end(); ++it)
-      if (*it == a) {
-        v.erase(it);
-        break;
-      }
-    nb::gil_scoped_release release;  // collective free of the symmetric buffers
-    DeviceGuard guard(device_);
-    a.reset();
-  }
-
-  bool alive() const { return !weak_.expired(); }
+  std::shared_ptr<AllToAll> get() const { return held_.get(); }
+  int device() const { return held_.device(); }
+  void destroy() { held_.destroy(); }
+  bool alive() const { return held_.alive(); }
 
  private:
-  std::weak_ptr<AllToAll> weak_;
-  std::shared_ptr<AllToAll> owned_;  // single-process objects only
-  int device_ = 0;
+  Held<AllToAll> held_{"AllToAll"};
 };
 
 void dispatch(Handle& h, int mode, const TensorArg& x, const TensorArg& x_scale, const TensorArg& topk_idx,

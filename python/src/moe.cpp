@@ -221,12 +221,9 @@ std::string layer_config_repr(const MoELayerConfig& c) {
   return os.str();
 }
 
-// The Python MoELayer. As for AllToAll (all_to_all.cpp), with NVSHMEM initialized the runtime's
-// instance list owns the layer: its AllToAll objects hold symmetric memory, whose free is
-// collective, so an object dropped without destroy() is destroyed by nvshmem_finalize in creation
-// order. At world size 1 without NVSHMEM the layer is the single-process one (MoELayer(cfg, w), on
-// the current device), owned by the handle. The weights are views of the caller's tensors; the
-// Python object keeps those alive.
+// The Python MoELayer: held as runtime.hpp's Held describes (its AllToAll objects hold symmetric
+// memory; at world size 1 without NVSHMEM it is the single-process MoELayer(cfg, w) on the current
+// device). The weights are views of the caller's tensors; the Python object keeps those alive.
 class LayerHandle {
  public:
   LayerHandle(const MoELayerConfig& cfg, const TensorArg& w13, const TensorArg& w13_scale, const TensorArg& w2,
@@ -234,13 +231,13 @@ class LayerHandle {
               const TensorArg& shared_w2, const TensorArg& shared_w2_scale, const TensorArg& gate,
               const TensorArg& gate_bias) {
     const bool single = !runtime().comm && cfg.world_size == 1;
+    int dev = 0;
     if (single) {
-      const cudaError_t e = cudaGetDevice(&device_);
+      const cudaError_t e = cudaGetDevice(&dev);
       EPKIT_CHECK(e == cudaSuccess, "cudaGetDevice: ", cudaGetErrorString(e));
     } else {
-      device_ = comm().device();
+      dev = comm().device();
     }
-    const int dev = device_;
     MoELayerWeights w;
     w.w13 = to_tensor(w13, "w13", dev);
     w.w13_scale = to_tensor(w13_scale, "w13_scale", dev);
@@ -258,47 +255,15 @@ class LayerHandle {
       DeviceGuard guard(dev);
       layer = single ? std::make_shared<MoELayer>(cfg, w) : std::make_shared<MoELayer>(comm(), cfg, w);
     }
-    if (single) {
-      owned_ = layer;
-    } else {
-      runtime().instances.push_back(layer);
-    }
-    weak_ = layer;
+    held_.adopt(std::move(layer), single, dev);
   }
-  int device() const { return device_; }
-
-  std::shared_ptr<MoELayer> get() const {
-    auto l = weak_.lock();
-    EPKIT_CHECK(l != nullptr, "this MoELayer was destroyed (destroy() or nvshmem_finalize())");
-    return l;
-  }
-
-  void destroy() {
-    if (owned_) {  // single process: nothing collective
-      nb::gil_scoped_release release;
-      DeviceGuard guard(device_);
-      weak_.reset();
-      owned_.reset();
-      return;
-    }
-    auto l = weak_.lock();
-    if (!l) return;
-    weak_.reset();
-    auto& v = runtime().instances;
-    for (auto it = v.begin(); it != v.end(); ++it)
-      if (it->get() == static_cast<void*>(l.get())) {
-        v.erase(it);
-        break;
-      }
-    nb::gil_scoped_release release;  // collective free of the AllToAll buffers
-    DeviceGuard guard(device_);
-    l.reset();
-  }
-
-  bool alive() const { return !weak_.expired(); }
+  int device() const { return held_.device(); }
+  std::shared_ptr<MoELayer> get() const { return held_.get(); }
+  void destroy() { held_.destroy(); }
+  bool alive() const { return held_.alive(); }
 
   MoEBatch batch(const TensorArg& x, const TensorArg& out, int num_tokens, const TensorArg& num_tokens_device) const {
-    const int dev = device_;
+    const int dev = held_.device();
     MoEBatch b;
     b.x = to_tensor(x, "x", dev);
     b.out = to_tensor(out, "out", dev);
@@ -308,9 +273,7 @@ class LayerHandle {
   }
 
  private:
-  std::weak_ptr<MoELayer> weak_;
-  std::shared_ptr<MoELayer> owned_;  // single-process layers only
-  int device_ = 0;
+  Held<MoELayer> held_{"MoELayer"};
 };
 
 template <typename T>
