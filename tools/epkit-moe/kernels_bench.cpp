@@ -175,22 +175,18 @@ std::vector<Row> bench_gate_router(const Options& o, const Ceilings& c, const L2
     std::vector<Row> rs;
     std::vector<std::function<void(int, cudaStream_t)>> calls;
     Row r = base;
-    r.variant = "separate", r.note = "cuBLASLt gate, then route() (warp_grouped)";
-    rs.push_back(r);
-    calls.push_back([&, m](int i, cudaStream_t st) {
-      const int set = i % sets;
-      const moe::RouterArgs a = ra(set);
-      gate.run(tx(set), tw_(set), a.logits, m, st);
-      moe::route(ds, a, st);
-    });
-    r.variant = "separate general", r.note = "cuBLASLt gate, then route() (general)";
-    rs.push_back(r);
-    calls.push_back([&, m](int i, cudaStream_t st) {
-      const int set = i % sets;
-      const moe::RouterArgs a = ra(set);
-      gate.run(tx(set), tw_(set), a.logits, m, st);
-      moe::route(general, a, st);
-    });
+    for (const moe::RouterConfig* rc : {&ds, &general}) {
+      const bool warp = rc == &ds;
+      r.variant = warp ? "separate" : "separate general";
+      r.note = warp ? "cuBLASLt gate, then route() (warp_grouped)" : "cuBLASLt gate, then route() (general)";
+      rs.push_back(r);
+      calls.push_back([&, m, rc](int i, cudaStream_t st) {
+        const int set = i % sets;
+        const moe::RouterArgs a = ra(set);
+        gate.run(tx(set), tw_(set), a.logits, m, st);
+        moe::route(*rc, a, st);
+      });
+    }
     r.variant = "fused", r.note = "GateRouter: one launch";
     rs.push_back(r);
     calls.push_back([&](int i, cudaStream_t st) {
