@@ -168,7 +168,7 @@ TEST(AllToAll, SweepAgainstReference) {
       ++variant;
       const AllToAllConfig cfg = make_config(s.hidden, s.topk, s.experts, payload, variant);
       auto a2a_owner = make_all_to_all(cfg);
-  AllToAll& a2a = *a2a_owner;
+      AllToAll& a2a = *a2a_owner;
       RankBuffers b;
       b.allocate(cfg, idx_type(variant));
       check_layers(a2a, cfg, b, routings, ms, variant * 1000, false, "", st, cases);
@@ -199,7 +199,7 @@ TEST(AllToAll, SmallGridsTakeUnitsInRounds) {
                                          v + 3 * (variant % 2));
         cfg.num_sms = sms;
         auto a2a_owner = make_all_to_all(cfg);
-  AllToAll& a2a = *a2a_owner;
+        AllToAll& a2a = *a2a_owner;
         RankBuffers b;
         b.allocate(cfg, idx_type(variant));
         check_layers(a2a, cfg, b, routings, ms, 70000 + variant * 100, true, " num_sms=" + std::to_string(sms), st,
@@ -234,7 +234,7 @@ TEST(AllToAll, IndicesAtAnyAlignment) {
       AllToAllConfig cfg = make_config(s.hidden, s.topk, s.experts, DType::kFP8E4M3, variant);
       cfg.max_tokens_per_rank = M;
       auto a2a_owner = make_all_to_all(cfg);
-  AllToAll& a2a = *a2a_owner;
+      AllToAll& a2a = *a2a_owner;
       RankBuffers b;
       b.allocate(cfg, idx);
       const int offsets = idx == DType::kInt64 ? 2 : RankBuffers::kMaxIdxOffset + 1;  // every offset mod 16 bytes
@@ -277,7 +277,7 @@ TEST(AllToAll, LargeObjectsRunDecodeCallsOnDecodeKernels) {
     if (cfg.layout == ExpertLayout::kMasked)
       cfg.capacity = M * comm().world_size() * s.topk / s.experts * 3 / 2 + 64;
     auto a2a_owner = make_all_to_all(cfg);
-  AllToAll& a2a = *a2a_owner;
+    AllToAll& a2a = *a2a_owner;
     RankBuffers b;
     b.allocate(cfg, idx_type(variant));
     check_layers(a2a, cfg, b, routings, ms, 120000 + variant * 100, false, "", st, cases, true);
@@ -369,7 +369,7 @@ TEST(AllToAll, LargeCallsLookBackHistogram) {
     if (wide && g_layout == ExpertLayout::kMasked) cfg.capacity = 1024;  // [E/W, capacity, H] stays small;
                                                                         // its routings stay far below it
     auto a2a_owner = make_all_to_all(cfg);
-  AllToAll& a2a = *a2a_owner;
+    AllToAll& a2a = *a2a_owner;
     RankBuffers b;
     b.allocate(cfg, idx_type(variant));
     const int ms[] = {1024 * g_dp, M, 1023 * g_dp, 1500 * g_dp + 1};  // at, above and below the threshold
@@ -400,7 +400,7 @@ TEST(AllToAll, DTypesChosenPerCall) {
     base.combine_in_dtype = base.combine_out_dtype = b16;
     base.weights_at_dispatch = false;
     auto a2a_owner = make_all_to_all(base);
-  AllToAll& a2a = *a2a_owner;
+    AllToAll& a2a = *a2a_owner;
     const std::vector<DType> payloads = base_payload == b16 ? std::vector<DType>{b16, f16} : std::vector<DType>{base_payload};
     for (DType payload : payloads)
       for (DType in : {b16, f16})

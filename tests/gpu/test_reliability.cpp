@@ -171,7 +171,7 @@ TEST(Reliability, DeviceSideErrorsAreReportedNotWritten) {
   for (const int m : {6, 16}) {
     const AllToAllConfig cfg = small_config(1);
     auto a2a_owner = make_all_to_all(cfg);
-  AllToAll& a2a = *a2a_owner;
+    AllToAll& a2a = *a2a_owner;
     RankBuffers b;
     b.allocate(cfg, DType::kInt64);
     std::string problem;
@@ -200,7 +200,7 @@ TEST(Reliability, DeviceSideErrorsAreReportedNotWritten) {
   {
     const AllToAllConfig cfg = small_config(1);
     auto a2a_owner = make_all_to_all(cfg);
-  AllToAll& a2a = *a2a_owner;
+    AllToAll& a2a = *a2a_owner;
     RankBuffers b;
     b.allocate(cfg, DType::kInt32);
     std::string problem;
@@ -227,7 +227,7 @@ TEST(Reliability, DeviceSideErrorsAreReportedNotWritten) {
   {
     const AllToAllConfig cfg = small_config(1, G);
     auto a2a_owner = make_all_to_all(cfg);
-  AllToAll& a2a = *a2a_owner;
+    AllToAll& a2a = *a2a_owner;
     RankBuffers b;
     b.allocate(cfg, DType::kUInt32);
     std::string problem;
