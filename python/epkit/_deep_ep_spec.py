@@ -636,19 +636,17 @@ def rank_prefix_matrix(src: torch.Tensor, valid: torch.Tensor, num_ranks: int, r
 def empty_deepep_scales(L: int, N: int, S: int, ue8m0: bool, device) -> torch.Tensor:
     """DeepEP's low-latency scale tensor (csrc/deep_ep.cpp, low_latency_dispatch): [L, N, S] fp32, or
     with ue8m0 [L, N, ceil(S / 4)] int32, each a transposed view of [L, S (or packs), N] storage, so
-    that every expert's scales are column-major (TMA-friendly, what DeepGEMM reads)."""
+    that every expert's scales are column-major (TMA-friendly, what DeepGEMM reads). The fp32 one's
+    storage is what dispatch writes with AllToAllConfig.expert_scales_mn_major."""
     cols = (S + 3) // 4 if ue8m0 else S
     dtype = torch.int32 if ue8m0 else torch.float32
     return torch.empty((L, cols, N), dtype=dtype, device=device).transpose(1, 2)
 
 
-def fill_deepep_scales(out: torch.Tensor, expert_x_scale: torch.Tensor, ue8m0: bool) -> torch.Tensor:
-    """epkit's scale rows [L, N, S] fp32 (row-major) into DeepEP's layout `out` (empty_deepep_scales).
-    With ue8m0 each scale (a power of two) becomes its exponent byte, four packed little-endian into an
-    int32: word p of a row holds scales 4p .. 4p + 3 (internode_ll.cu, dispatch's receive)."""
-    if not ue8m0:
-        out.copy_(expert_x_scale)
-        return out
+def pack_ue8m0_scales(out: torch.Tensor, expert_x_scale: torch.Tensor) -> torch.Tensor:
+    """epkit's scale rows [L, N, S] fp32 (row-major, powers of two) into DeepEP's UE8M0 layout `out`
+    (empty_deepep_scales(..., ue8m0=True)): each scale's exponent byte, four packed little-endian into
+    an int32: word p of a row holds scales 4p .. 4p + 3 (internode_ll.cu, dispatch's receive)."""
     L, N, S = expert_x_scale.shape
     packs = out.shape[2]
     exp = torch.bitwise_and(torch.bitwise_right_shift(expert_x_scale.view(torch.int32), 23), 0xFF).to(torch.uint8)
@@ -656,11 +654,6 @@ def fill_deepep_scales(out: torch.Tensor, expert_x_scale: torch.Tensor, ue8m0: b
         exp = torch.cat([exp, torch.zeros((L, N, packs * 4 - S), dtype=torch.uint8, device=exp.device)], dim=2)
     out.copy_(exp.contiguous().view(torch.int32))
     return out
-
-
-def deepep_scales(expert_x_scale: torch.Tensor, ue8m0: bool) -> torch.Tensor:
-    L, N, S = expert_x_scale.shape
-    return fill_deepep_scales(empty_deepep_scales(L, N, S, ue8m0, expert_x_scale.device), expert_x_scale, ue8m0)
 
 
 def unpack_ue8m0(packed: torch.Tensor, num_scales: int) -> torch.Tensor:

@@ -588,14 +588,14 @@ class Buffer:
         # Outputs on the compute stream, as DeepEP allocates them.
         recv_x = torch.empty((L, N, H), dtype=FP8 if use_fp8 else BF16, device=self.device)
         recv_count = torch.empty((L,), dtype=torch.int32, device=self.device)
-        rows_scale = scales = None
+        expert_scale = scales = None  # what dispatch writes; what the caller gets
         if mn_major:
             scales = spec.empty_deepep_scales(L, N, S, False, self.device)
-            rows_scale = scales.transpose(1, 2)  # its [L, S, N] storage, what dispatch writes
-        elif use_fp8:
-            rows_scale = torch.empty((L, N, S), dtype=torch.float32, device=self.device)
-            scales = spec.empty_deepep_scales(L, N, S, use_ue8m0, self.device)
-        out = DispatchOutput(recv_x, rows_scale, recv_count)
+            expert_scale = scales.transpose(1, 2)  # its [L, S, N] storage
+        elif use_fp8:  # UE8M0: row-major scales, packed after dispatch
+            expert_scale = torch.empty((L, N, S), dtype=torch.float32, device=self.device)
+            scales = spec.empty_deepep_scales(L, N, S, True, self.device)
+        out = DispatchOutput(recv_x, expert_scale, recv_count)
         stats = cumulative_local_expert_recv_stats
         ata = slot.ata
 
@@ -609,7 +609,7 @@ class Buffer:
 
         def receive_side():
             if use_fp8 and not mn_major:
-                spec.fill_deepep_scales(scales, rows_scale, use_ue8m0)
+                spec.pack_ue8m0_scales(scales, expert_scale)
             if stats is not None:
                 stats.add_(recv_count)
 

@@ -229,10 +229,13 @@ def test_deepep_scale_layouts():
     L, N, Sc = 3, 8, 5
     g = torch.Generator().manual_seed(SEED + 1)
     rows = torch.rand(L, N, Sc, generator=g) + 0.01
-    out = S.deepep_scales(rows, ue8m0=False)
+    out = S.empty_deepep_scales(L, N, Sc, False, "cpu")
+    # dispatch (expert_scales_mn_major) writes the [L, Sc, N] storage; the view reads it back as rows
+    out.transpose(1, 2).copy_(rows.transpose(1, 2).contiguous())
     assert out.shape == (L, N, Sc) and out.stride() == (Sc * N, 1, N) and torch.equal(out, rows)
+    assert out.transpose(1, 2).is_contiguous()
     pow2 = torch.exp2(torch.randint(-20, 10, (L, N, Sc), generator=g).float())
-    packed = S.deepep_scales(pow2, ue8m0=True)
+    packed = S.pack_ue8m0_scales(S.empty_deepep_scales(L, N, Sc, True, "cpu"), pow2)
     P = (Sc + 3) // 4
     assert packed.dtype == torch.int32 and packed.shape == (L, N, P) and packed.stride() == (P * N, 1, N)
     for el in range(L):
