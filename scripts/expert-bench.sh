@@ -111,7 +111,7 @@ dg() {
       .whl/tokenspeed_deepgemm-*.whl > "$W/pip.log" 2>&1
   fi
   timeout $(($(left) - 15)) env PYTHONPATH=$site:$BUILD/python python3 tools/epkit-moe/deepgemm_baseline.py \
-    "$W/gemm.json" --layouts "$layouts" --jit-workers 12 --jit-cache "$BUILD/deepgemm-jit" > "$W/deepgemm-$layouts.log" 2>&1
+    "$W/gemm.json" --layouts "$layouts" --jit-workers 12 --jit-cache "$BUILD/deepgemm-jit" ${DG_ARGS:-} > "$W/deepgemm-$layouts.log" 2>&1
   local rc=$?
   grep -E "deepgemm .* us|epkit / deepgemm|skipped|failed|Error" "$W/deepgemm-$layouts.log" | tail -40
   return $rc

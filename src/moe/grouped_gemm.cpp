@@ -16,6 +16,7 @@ namespace {
 
 std::unique_ptr<detail::GemmImpl> make_impl(const GroupedGemmShape& shape, const GemmConfig& cfg) {
   validate(shape);
+  if (cfg == detail::kStreamGemmConfig) return detail::make_stream_gemm(shape, cfg);
 #define EPKIT_GEMM_CONFIG(id, swap, sched, tm, tn, cm, cn)                         \
   if (cfg == GemmConfig{tm, tn, 128, swap, GemmSchedule::sched, cm, cn}) {         \
     return detail::make_gemm_##id(shape);                                          \

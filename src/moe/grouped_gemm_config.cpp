@@ -6,6 +6,7 @@
 
 #include "epkit/error.hpp"
 #include "epkit/moe/grouped_gemm.hpp"
+#include "moe/gemm/stream_config.hpp"
 
 namespace epkit::moe {
 
@@ -13,6 +14,7 @@ const char* schedule_name(GemmSchedule s) {
   switch (s) {
     case GemmSchedule::kPingpong: return "pingpong";
     case GemmSchedule::kCooperative: return "cooperative";
+    case GemmSchedule::kStream: return "stream";
   }
   return "unknown";
 }
@@ -32,6 +34,7 @@ std::vector<GemmConfig> available_gemm_configs() {
   std::vector<GemmConfig> v;
 #define EPKIT_GEMM_CONFIG(id, swap, sched, tm, tn, cm, cn) v.push_back({tm, tn, 128, swap, GemmSchedule::sched, cm, cn});
 #include "moe/gemm/gemm_configs.def"
+  v.push_back(detail::kStreamGemmConfig);
   return v;
 }
 

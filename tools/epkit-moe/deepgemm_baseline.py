@@ -292,6 +292,9 @@ def main():
     ap.add_argument("--jit-workers", type=int, default=0, help="compile DeepGEMM's kernels first in N processes")
     ap.add_argument("--jit-cache", default="", help="DG_JIT_CACHE_DIR for this run (default: DeepGEMM's, ~/.deep_gemm)")
     ap.add_argument("--no-epkit", action="store_true", help="time DeepGEMM alone")
+    ap.add_argument("--epkit-configs", default="",
+                    help="more epkit grouped-GEMM configs to time in the same graphs (comma list of compiled names); "
+                         "each lands in the DeepGEMM row's epkit_configs, the heuristic's choice stays the epkit row")
     ap.add_argument("--uneven-counts", metavar="G,m[/G,m...]",
                     help="print the uneven counts of each (G, m), one line each, and exit (CPU tests)")
     ap.add_argument("--list", action="store_true", help="print the cases and exit")
@@ -310,6 +313,7 @@ def main():
     args.m = [int(x) for x in args.m.split(",") if x and int(x) > 0]
     args.contiguous_m = [int(x) for x in args.contiguous_m.split(",") if x]
     args.contiguous_g32_m = [int(x) for x in args.contiguous_g32_m.split(",") if x]
+    extra_configs = [x for x in args.epkit_configs.split(",") if x]
     all_cases = cases(args)
     if args.list:
         for c in all_cases:
@@ -374,28 +378,36 @@ def main():
             ops = Operands(torch, dg, c, sets, ep is not None)
             fns = [lambda i, ops=ops, c=c: dg_call(dg, c, ops, i)]
             gemm = None
+            gemms = []  # the heuristic's config first, then --epkit-configs (the same output buffers)
             if ep is not None:
-                if c["kind"] == "masked":
-                    gemm = ep.GroupedGemm(G, n, k, ops.rows, layout="masked", expected_m=m)
-                    fns.append(lambda i, ops=ops, g=gemm: g.run(ops.a[i % ops.sets], ops.a_scale[i % ops.sets],
-                                                                   ops.b[i % ops.sets], ops.b_scale[i % ops.sets],
-                                                                   ops.counts, out=ops.d_ep[i % ops.sets]))
-                else:
-                    gemm = ep.GroupedGemm(G, n, k, ops.rows, layout="packed", expected_m=m)
-                    fns.append(lambda i, ops=ops, g=gemm: g.run(ops.a[i % ops.sets], ops.a_scale[i % ops.sets],
-                                                                   ops.b[i % ops.sets], ops.b_scale[i % ops.sets],
-                                                                   ops.counts, ops.offsets, out=ops.d_ep[i % ops.sets]))
-            # Agreement first, on set 0, from one call of each.
-            diff = {}
+                layout = "masked" if c["kind"] == "masked" else "packed"
+                for cfg in [None] + [x for x in extra_configs]:
+                    g_ = ep.GroupedGemm(G, n, k, ops.rows, layout=layout, expected_m=m, config=cfg)
+                    if cfg is not None and g_.config == gemms[0].config:
+                        continue
+                    gemms.append(g_)
+                    if layout == "masked":
+                        fns.append(lambda i, ops=ops, g=g_: g.run(ops.a[i % ops.sets], ops.a_scale[i % ops.sets],
+                                                                  ops.b[i % ops.sets], ops.b_scale[i % ops.sets],
+                                                                  ops.counts, out=ops.d_ep[i % ops.sets]))
+                    else:
+                        fns.append(lambda i, ops=ops, g=g_: g.run(ops.a[i % ops.sets], ops.a_scale[i % ops.sets],
+                                                                  ops.b[i % ops.sets], ops.b_scale[i % ops.sets],
+                                                                  ops.counts, ops.offsets, out=ops.d_ep[i % ops.sets]))
+                gemm = gemms[0]
+            # Agreement first, on set 0, from one call of each (each epkit config on a poisoned output).
+            diffs = []
             dg_call(dg, c, ops, 0)
-            if ep is not None:
-                fns[1](0)
+            for fn in fns[1:]:
+                ops.d_ep[0].fill_(float("nan"))
+                fn(0)
                 torch.cuda.synchronize()
                 x, y = ops.valid(c, ops.d_ep[0], ops.d_dg[0])
-                diff = dict(calc_diff=calc_diff(x, y),
-                            max_abs_diff=float((x.float() - y.float()).abs().max()) if x.numel() else 0.0,
-                            identical_fraction=float((x.view(torch.int16) == y.view(torch.int16)).float().mean())
-                            if x.numel() else 1.0)
+                diffs.append(dict(calc_diff=calc_diff(x, y),
+                                  max_abs_diff=float((x.float() - y.float()).abs().max()) if x.numel() else 0.0,
+                                  identical_fraction=float((x.view(torch.int16) == y.view(torch.int16)).float().mean())
+                                  if x.numel() else 1.0))
+            diff = diffs[0] if diffs else {}
             est = max(base["bytes"] / 3e6, flops / 8e8) + 5  # epkit-moe's estimate: the same repeat counts
             calls, replays = pick_repeats(est)
             t = [(statistics.median(us), p99(us)) for us in time_graphs(torch, flush, calls, replays, fns)]
@@ -419,6 +431,10 @@ def main():
             e["deepgemm_us_median"] = r["us_median"]
             e["epkit_over_deepgemm"] = r["epkit_over_deepgemm"]
             rows.append(e)
+            if len(gemms) > 1:
+                r["epkit_configs"] = {g_.config: dict(us_median=t[j + 1][0], over_deepgemm=t[j + 1][0] / r["us_median"],
+                                                      **diffs[j])
+                                      for j, g_ in enumerate(gemms)}
         rows.append(r)
         summary.append(r)
         ratio = f'{r["epkit_over_deepgemm"]:6.3f}' if "epkit_over_deepgemm" in r else "   n/a"
@@ -426,6 +442,9 @@ def main():
         cd = f'{r["calc_diff"]:.2e}' if "calc_diff" in r else "n/a"
         print(f"  {label} deepgemm {r['us_median']:9.2f} us ({r['pct_of_ceiling']:5.1f}% of {r['bound']})  "
               f"epkit {ep_us} us  epkit/deepgemm {ratio}  calc_diff {cd}", flush=True)
+        for name, v in r.get("epkit_configs", {}).items():
+            print(f"  {label}   epkit {name:34s} {v['us_median']:9.2f} us  /deepgemm {v['over_deepgemm']:6.3f}  "
+                  f"calc_diff {v['calc_diff']:.2e}", flush=True)
         doc["rows"] = base_rows + rows
         write(args.json, doc)  # a checkpoint after every point: a run cut short keeps what it measured
         del ops, fns, gemm

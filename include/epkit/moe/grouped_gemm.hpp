@@ -38,11 +38,14 @@ void validate(const GroupedGemmShape& shape);
 enum class GemmSchedule : int32_t {
   kPingpong = 0,     // two consumer warpgroups on alternate tiles: one's epilogue hides under the other's mainloop
   kCooperative = 1,  // two consumer warpgroups split one tile (64 rows each): larger tiles per CTA
+  kStream = 2,       // epkit's own persistent weight-streaming kernel (decode): units walked from the device counts
 };
-const char* schedule_name(GemmSchedule s);  // "pingpong" / "cooperative"
+const char* schedule_name(GemmSchedule s);  // "pingpong" / "cooperative" / "stream"
 
 // One compiled instantiation, in CUTLASS's orientation: with swap_ab the weights are CUTLASS's A
 // (M = output features, N = token rows), else the tokens are (M = token rows, N = output features).
+// The kStream schedule is epkit's own kernel (src/moe/gemm/stream_grouped_gemm.cu): weights on the M
+// side in blocks of tile_m = 128 rows, up to tile_n = 64 tokens of a group per unit.
 // Plain data: compare, print and pass it to GroupedGemm to force a config.
 struct GemmConfig {
   int tile_m = 0;

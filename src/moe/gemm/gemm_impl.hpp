@@ -9,6 +9,7 @@
 #include <memory>
 
 #include "epkit/moe/grouped_gemm.hpp"
+#include "moe/gemm/stream_config.hpp"
 
 namespace epkit::moe::detail {
 
@@ -45,7 +46,10 @@ class GemmImpl {
   int device_ = 0;
 };
 
-// One factory per compiled config, defined in src/moe/gemm/<id>.cu.
+// epkit's own weight-streaming kernel (src/moe/gemm/stream_grouped_gemm.cu), for any shape.
+std::unique_ptr<GemmImpl> make_stream_gemm(const GroupedGemmShape& shape, const GemmConfig& cfg);
+
+// One factory per compiled CUTLASS config, defined in src/moe/gemm/<id>.cu.
 #define EPKIT_GEMM_CONFIG(id, swap, sched, tm, tn, cm, cn) \
   std::unique_ptr<GemmImpl> make_gemm_##id(const GroupedGemmShape& shape);
 #include "moe/gemm/gemm_configs.def"
