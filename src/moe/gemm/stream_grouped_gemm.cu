@@ -122,12 +122,34 @@ __device__ __forceinline__ void ldsm_x2(uint32_t addr, uint32_t& r0, uint32_t& r
   asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];" : "=r"(r0), "=r"(r1) : "r"(addr));
 }
 
-__device__ __forceinline__ void mma_fp8(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+// Two e4m3 values as f16x2 (exact: every e4m3 value is an f16 value): bytes 0-1 of v (lo), 2-3 (hi).
+__device__ __forceinline__ uint32_t e4m3x2_lo(uint32_t v) {
+  uint32_t r;
+  asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %1;\n cvt.rn.f16x2.e4m3x2 %0, l;\n}" : "=r"(r) : "r"(v));
+  return r;
+}
+__device__ __forceinline__ uint32_t e4m3x2_hi(uint32_t v) {
+  uint32_t r;
+  asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %1;\n cvt.rn.f16x2.e4m3x2 %0, h;\n}" : "=r"(r) : "r"(v));
+  return r;
+}
+
+// One 16 x 8 x 32 e4m3 product added to c, as two chained f16 m16n8k16 mma. Hopper has no e4m3
+// mma.sync in hardware: ptxas lowers mma.m16n8k32.e4m3 to two HMMA from zero plus four FADD into c;
+// converting here and chaining into c saves the FADDs. The K order inside the step is permuted the
+// same way for A and B (a lane's 4 bytes k = 4t..4t+3 become f16 slots 2t, 2t+1 and 2t+8, 2t+9),
+// which a dot product does not see.
+__device__ __forceinline__ void mma_e4m3(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {  // h = 0: the fragment's k 0-15 (a0, a1, b0); h = 1: k 16-31 (a2, a3, b1)
+    const uint32_t x = a[2 * h], y = a[2 * h + 1], b = h ? b1 : b0;
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(e4m3x2_lo(x)), "r"(e4m3x2_lo(y)), "r"(e4m3x2_hi(x)), "r"(e4m3x2_hi(y)), "r"(e4m3x2_lo(b)),
+          "r"(e4m3x2_hi(b)));
+  }
 }
 
 // Byte offset of (row, 16-byte chunk) in a tile of 128-byte rows written by TMA with the 128-byte
@@ -230,7 +252,7 @@ __device__ __forceinline__ int consume_unit(const StreamParams& p, const Unit& u
 #pragma unroll
       for (int m = 0; m < 2; ++m)
 #pragma unroll
-        for (int j = 0; j < NT; ++j) mma_fp8(acc[m][j], a[m], b[j][0], b[j][1]);
+        for (int j = 0; j < NT; ++j) mma_e4m3(acc[m][j], a[m], b[j][0], b[j][1]);
     }
     // The fragments are in registers: hand the stage back (release orders the ldmatrix reads first).
     __syncwarp();
