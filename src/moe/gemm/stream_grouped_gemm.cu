@@ -26,6 +26,11 @@
 //   warps' mma keep the tensor cores busy meanwhile (mma.sync is synchronous per warp, so there is no
 //   wait on an asynchronous group as in a wgmma mainloop).
 // - The epilogue writes bf16 straight from the accumulators, only rows < count and features < N.
+// - Split K where the units are too few for the grid (at most half the CTAs: the shared expert, G = 1,
+//   or a handful of experts): each unit's K blocks are cut into up to gridDim / units parts of at least
+//   4 blocks, each part stores its fp32 tile to a workspace slot, and the part that takes the last
+//   ticket of the unit's arrival counter sums the parts in part order (deterministic) and writes the
+//   output, then zeroes the counter for the next run. The choice is made on the device from the counts.
 //
 // Counts are clamped and reported exactly as the CUTLASS path does (masked: to [0, rows]; packed: a
 // group outside [0, min(offsets[g + 1], R)) is skipped). No wait depends on another CTA or on the
@@ -56,10 +61,10 @@ constexpr int kWeightTileBytes = kBlockRows * kStageK;  // 16 KB
 constexpr int kTokenTileBytes = 8 * kStageK;            // one 8-row TMA box, 1 KB
 constexpr int kStageBytes = kWeightTileBytes + (kChunkRows / 8) * kTokenTileBytes;  // 24 KB
 // Shared memory: the ring, the 2 x kStages barriers, then per group the unit prefix (G + 1), the first
-// token row and the clamped count; 1 KB of slack to align the ring to the 128-byte swizzle's 1 KB atom.
+// token row and the clamped count, the split-K flag; 1 KB of slack to align the ring to the 128-byte swizzle's 1 KB atom.
 size_t smem_bytes(int groups) {
   return 1024 + static_cast<size_t>(kStages) * kStageBytes + 2 * kStages * sizeof(uint64_t) +
-         (3 * static_cast<size_t>(groups) + 1) * sizeof(int);
+         (3 * static_cast<size_t>(groups) + 2) * sizeof(int);
 }
 
 struct StreamParams {  // CUtensorMap is 64-byte aligned itself
@@ -71,6 +76,8 @@ struct StreamParams {  // CUtensorMap is 64-byte aligned itself
   const int32_t* counts;
   const int32_t* offsets;
   DeviceErrorRecord* error;
+  float* partials;     // split-K: [gridDim.x][kConsumerWarps * 32][64] fp32, one tile per split unit
+  uint32_t* arrivals;  // split-K: [gridDim.x] splits arrived per unsplit unit; 0 between runs
   int groups, n, k, rows;
   int packed;
 };
@@ -165,10 +172,15 @@ __device__ __forceinline__ uint16_t to_bf16(float x) {
 
 struct Unit {
   int g, nb, tok0, ntok;
+  int base;      // the unsplit unit
+  int kb0, kb1;  // its K blocks [kb0, kb1)
 };
 
-// The unit's group: the last g with prefix[g] <= u (prefix is non-decreasing, prefix[0] = 0).
-__device__ __forceinline__ Unit decode_unit(int u, const int* prefix, const int* counts, int groups) {
+// Split unit u: unsplit unit u / splits, K blocks of part u % splits. The unsplit unit's group is the
+// last g with prefix[g] <= it (prefix is non-decreasing, prefix[0] = 0).
+__device__ __forceinline__ Unit decode_unit(int u, int splits, int S, const int* prefix, const int* counts, int groups) {
+  const int part = u % splits;
+  u /= splits;
   int lo = 0, hi = groups;  // prefix[lo] <= u < prefix[hi]
   while (hi - lo > 1) {
     const int mid = (lo + hi) >> 1;
@@ -182,13 +194,17 @@ __device__ __forceinline__ Unit decode_unit(int u, const int* prefix, const int*
   x.nb = local / chunks;
   x.tok0 = (local % chunks) * kChunkRows;
   x.ntok = min(kChunkRows, count - x.tok0);
+  x.base = u;
+  x.kb0 = part * S / splits;
+  x.kb1 = (part + 1) * S / splits;
   return x;
 }
 
 // One consumer warp's unit with NT token tiles of 8: returns the ring position after it.
 template <int NT>
-__device__ __forceinline__ int consume_unit(const StreamParams& p, const Unit& unit, int row0, uint8_t* ring,
-                                            uint64_t* full, uint64_t* empty, int it) {
+__device__ __forceinline__ int consume_unit(const StreamParams& p, const Unit& unit, int splits, int unit_index,
+                                            int row0, uint8_t* ring, uint64_t* full, uint64_t* empty, int* last_flag,
+                                            int it) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int S = p.k / kStageK, NB = (p.n + kBlockRows - 1) / kBlockRows;
   const float* sb_row = p.b_scale + (static_cast<int64_t>(unit.g) * NB + unit.nb) * S;
@@ -211,7 +227,7 @@ __device__ __forceinline__ int consume_unit(const StreamParams& p, const Unit& u
 #pragma unroll
       for (int i = 0; i < 4; ++i) total[m][j][i] = 0.f;
 
-  for (int kb = 0; kb < S; ++kb, ++it) {
+  for (int kb = unit.kb0; kb < unit.kb1; ++kb, ++it) {
     const int s = it % kStages;
     const uint32_t parity = (it / kStages) & 1;
     // The scales do not depend on the stage: load them before waiting for it.
@@ -263,6 +279,49 @@ __device__ __forceinline__ int consume_unit(const StreamParams& p, const Unit& u
       for (int j = 0; j < NT; ++j)
 #pragma unroll
         for (int i = 0; i < 4; ++i) total[m][j][i] = fmaf(acc[m][j][i], wscale * tscale[j][i & 1], total[m][j][i]);
+  }
+
+  if (splits > 1) {
+    // Split K: every part stores its tile (each thread its own 2 * NT * 4 values, in fragment order);
+    // the part that arrives last sums the parts in part order (deterministic) and writes the output.
+    const int consumer = warp * 32 + lane;
+    float4* mine = reinterpret_cast<float4*>(p.partials + (static_cast<int64_t>(unit_index) * kConsumerWarps * 32 +
+                                                           consumer) * 64);
+#pragma unroll
+    for (int m = 0; m < 2; ++m)
+#pragma unroll
+      for (int j = 0; j < NT; ++j)
+        __stcg(mine + m * NT + j, make_float4(total[m][j][0], total[m][j][1], total[m][j][2], total[m][j][3]));
+    __threadfence();
+    asm volatile("bar.sync 1, %0;" ::"n"(kConsumerWarps * 32) : "memory");
+    if (consumer == 0) {
+      const uint32_t ticket = atomicAdd(p.arrivals + unit.base, 1u);
+      *last_flag = ticket == static_cast<uint32_t>(splits - 1);
+      if (ticket == static_cast<uint32_t>(splits - 1)) p.arrivals[unit.base] = 0;  // ready for the next run
+    }
+    asm volatile("bar.sync 1, %0;" ::"n"(kConsumerWarps * 32) : "memory");
+    if (!*last_flag) return it;
+    __threadfence();
+#pragma unroll
+    for (int m = 0; m < 2; ++m)
+#pragma unroll
+      for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) total[m][j][i] = 0.f;
+    for (int part = 0; part < splits; ++part) {
+      const float4* src = reinterpret_cast<const float4*>(
+          p.partials + (static_cast<int64_t>(unit.base * splits + part) * kConsumerWarps * 32 + consumer) * 64);
+#pragma unroll
+      for (int m = 0; m < 2; ++m)
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+          const float4 v = __ldcg(src + m * NT + j);
+          total[m][j][0] += v.x;
+          total[m][j][1] += v.y;
+          total[m][j][2] += v.z;
+          total[m][j][3] += v.w;
+        }
+    }
   }
 
   // Epilogue: accumulator (row, column) = (output feature, token); c0, c1 are row lane / 4 and
@@ -347,19 +406,25 @@ __global__ void __launch_bounds__(kThreads, 1) stream_grouped_gemm_kernel(const 
     if (lane == 0) prefix[0] = 0;
   }
   __syncthreads();
-  const int units = prefix[G];
+  // Fewer unsplit units than half the CTAs (the shared expert, a few experts at decode): split K so
+  // that every CTA streams weights, down to 4 K blocks a part. Every CTA computes the same value.
+  const int S = p.k / kStageK;
+  const int base_units = prefix[G];
+  int splits = 1;
+  if (base_units > 0 && 2 * base_units <= static_cast<int>(gridDim.x))
+    splits = max(1, min(static_cast<int>(gridDim.x) / base_units, S / 4));
+  const int units = base_units * splits;
 
   if (warp == kConsumerWarps) {  // producer
     if (lane != 0) return;
-    const int S = p.k / kStageK;
     int it = 0;
     for (int u = blockIdx.x; u < units; u += gridDim.x) {
-      const Unit unit = decode_unit(u, prefix, counts, G);
+      const Unit unit = decode_unit(u, splits, S, prefix, counts, G);
       const int tiles = (unit.ntok + 7) / 8;
       const uint32_t bytes = kWeightTileBytes + tiles * kTokenTileBytes;
       const int wrow = unit.g * p.n + unit.nb * kBlockRows;
       const int trow = row0s[unit.g] + unit.tok0;
-      for (int kb = 0; kb < S; ++kb, ++it) {
+      for (int kb = unit.kb0; kb < unit.kb1; ++kb, ++it) {
         const int s = it % kStages;
         const uint32_t parity = ((it / kStages) & 1) ^ 1;
         mbar_wait(smem_addr(&empty[s]), parity);
@@ -375,14 +440,15 @@ __global__ void __launch_bounds__(kThreads, 1) stream_grouped_gemm_kernel(const 
   }
 
   int it = 0;
+  int* last_flag = counts + G;
   for (int u = blockIdx.x; u < units; u += gridDim.x) {
-    const Unit unit = decode_unit(u, prefix, counts, G);
+    const Unit unit = decode_unit(u, splits, S, prefix, counts, G);
     const int row0 = row0s[unit.g];
     const int tiles = (unit.ntok + 7) / 8;
-    if (tiles <= 1) it = consume_unit<1>(p, unit, row0, ring, full, empty, it);
-    else if (tiles <= 2) it = consume_unit<2>(p, unit, row0, ring, full, empty, it);
-    else if (tiles <= 4) it = consume_unit<4>(p, unit, row0, ring, full, empty, it);
-    else it = consume_unit<8>(p, unit, row0, ring, full, empty, it);
+    if (tiles <= 1) it = consume_unit<1>(p, unit, splits, u, row0, ring, full, empty, last_flag, it);
+    else if (tiles <= 2) it = consume_unit<2>(p, unit, splits, u, row0, ring, full, empty, last_flag, it);
+    else if (tiles <= 4) it = consume_unit<4>(p, unit, splits, u, row0, ring, full, empty, last_flag, it);
+    else it = consume_unit<8>(p, unit, splits, u, row0, ring, full, empty, last_flag, it);
   }
 }
 
@@ -423,6 +489,24 @@ class StreamGroupedGemm final : public GemmImpl {
                                     static_cast<int>(smem_)),
                "cudaFuncSetAttribute", cfg_);
     encode_ = tensor_map_encoder(cfg_);
+    // Split K: one partial tile per CTA of the grid, one arrival counter per unsplit unit (zeroed once;
+    // the last part of each unit zeroes its counter again).
+    const size_t partial_bytes = static_cast<size_t>(sm_count_) * kConsumerWarps * 32 * 64 * sizeof(float);
+    ws_bytes_ = partial_bytes + static_cast<size_t>(sm_count_) * sizeof(uint32_t);
+    void* w = nullptr;
+    cuda_check(cudaMalloc(&w, ws_bytes_), "cudaMalloc of the split-K workspace", cfg_);
+    ws_ = static_cast<char*>(w);
+    partials_ = reinterpret_cast<float*>(ws_);
+    arrivals_ = reinterpret_cast<uint32_t*>(ws_ + partial_bytes);
+    const cudaError_t e = cudaMemset(arrivals_, 0, static_cast<size_t>(sm_count_) * sizeof(uint32_t));
+    if (e != cudaSuccess) {
+      cudaFree(ws_);
+      cuda_check(e, "cudaMemset of the split-K counters", cfg_);
+    }
+  }
+
+  ~StreamGroupedGemm() override {
+    if (ws_) cudaFree(ws_);
   }
 
   void run(const GemmLaunch& l, cudaStream_t stream) override {
@@ -439,6 +523,8 @@ class StreamGroupedGemm final : public GemmImpl {
     p.counts = l.counts;
     p.offsets = l.offsets;
     p.error = l.error;
+    p.partials = partials_;
+    p.arrivals = arrivals_;
     p.groups = s.num_groups;
     p.n = s.n;
     p.k = s.k;
@@ -448,7 +534,7 @@ class StreamGroupedGemm final : public GemmImpl {
     cuda_check(cudaGetLastError(), "launch of the streaming kernel", cfg_);
   }
 
-  size_t workspace_bytes() const override { return 0; }
+  size_t workspace_bytes() const override { return ws_bytes_; }
 
  private:
   // A row-major [rows, K] fp8 tensor read in boxes of box_rows x 128 with the 128-byte swizzle
@@ -467,6 +553,10 @@ class StreamGroupedGemm final : public GemmImpl {
 
   int sm_count_ = 0;
   size_t smem_ = 0;
+  char* ws_ = nullptr;
+  size_t ws_bytes_ = 0;
+  float* partials_ = nullptr;
+  uint32_t* arrivals_ = nullptr;
   PFN_cuTensorMapEncodeTiled_v12000 encode_ = nullptr;
 };
 
