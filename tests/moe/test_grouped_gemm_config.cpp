@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <functional>
+#include <random>
 #include <string>
 #include <utility>
 #include <vector>
@@ -12,6 +13,7 @@
 #include "epkit/error.hpp"
 #include "epkit/moe/grouped_gemm.hpp"
 #include "moe/gemm/stream_config.hpp"
+#include "moe/gemm/stream_schedule.hpp"
 #include "reference/moe/reference_gemm.hpp"
 #include "host_testing.hpp"
 #include "reference/moe/numerics.hpp"
@@ -317,3 +319,73 @@ TEST(ReferenceGroupedGemm, PackedOffsetsGapsAndSkippedGroups) {
 
 }  // namespace
 }  // namespace epkit::ref
+
+namespace epkit::moe {
+namespace {
+
+// The streaming kernel's work split (stream_schedule.hpp, the code the kernel runs): for random device
+// counts, every (group, weight block, row, K block) of the groups with rows is computed by exactly one
+// unit, no unit is empty, and K is split only when the unsplit units fill at most half the grid.
+TEST(StreamGemmSchedule, UnitsCoverEveryBlockRowAndKBlockOnce) {
+  namespace st = detail::stream;
+  const unsigned seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937 rng(seed);
+  for (int trial = 0; trial < 300; ++trial) {
+    const int G = 1 + static_cast<int>(rng() % 40);
+    const int n = std::vector<int>{200, 256, 4096, 7168}[rng() % 4];
+    const int S = std::vector<int>{1, 3, 16, 56}[rng() % 4];
+    const int grid = std::vector<int>{132, 114, 8, 1}[rng() % 4];
+    std::vector<int> counts(G), prefix(G + 1, 0);
+    for (int g = 0; g < G; ++g) {
+      const int r = static_cast<int>(rng() % 8);
+      counts[g] = r < 3 ? 0 : r < 6 ? 1 + static_cast<int>(rng() % 64) : 1 + static_cast<int>(rng() % 300);
+      prefix[g + 1] = prefix[g] + st::group_units(counts[g], n);
+    }
+    const int base = prefix[G], splits = st::choose_splits(base, grid, S);
+    SCOPED_TRACE("G=" + std::to_string(G) + " n=" + std::to_string(n) + " S=" + std::to_string(S) +
+                 " grid=" + std::to_string(grid) + " units=" + std::to_string(base) + " splits=" + std::to_string(splits));
+    if (2 * base > grid || base == 0) EXPECT_EQ(splits, 1);
+    if (splits > 1) {
+      EXPECT_LE(base * splits, grid);          // one workspace slot per CTA suffices
+      EXPECT_GE(S / splits, st::kMinPartBlocks);
+    }
+    const int NB = (n + 127) / 128;
+    std::vector<int> hits;  // [g][nb][row][kb], flattened per group
+    std::vector<size_t> at(G + 1, 0);
+    for (int g = 0; g < G; ++g) at[g + 1] = at[g] + static_cast<size_t>(NB) * counts[g] * S;
+    hits.assign(at[G], 0);
+    for (int u = 0; u < base * splits; ++u) {
+      const st::Unit x = st::decode_unit(u, splits, S, prefix.data(), counts.data(), G);
+      ASSERT_GE(x.g, 0);
+      ASSERT_LT(x.g, G);
+      ASSERT_GT(counts[x.g], 0) << "unit " << u << " in an empty group";
+      ASSERT_GE(x.nb, 0);
+      ASSERT_LT(x.nb, NB);
+      ASSERT_GE(x.ntok, 1);
+      ASSERT_LE(x.ntok, st::kChunkRows);
+      ASSERT_EQ(x.tok0 % st::kChunkRows, 0);
+      ASSERT_LE(x.tok0 + x.ntok, counts[x.g]);
+      ASSERT_EQ(x.base, u / splits);
+      ASSERT_LT(x.kb0, x.kb1);
+      for (int r = x.tok0; r < x.tok0 + x.ntok; ++r)
+        for (int kb = x.kb0; kb < x.kb1; ++kb)
+          ++hits[at[x.g] + (static_cast<size_t>(x.nb) * counts[x.g] + r) * S + kb];
+    }
+    for (size_t i = 0; i < hits.size(); ++i) ASSERT_EQ(hits[i], 1) << "element " << i;
+  }
+}
+
+// The shapes that split: the shared expert (G = 1) at decode on 132 SMs, and a few active experts.
+TEST(StreamGemmSchedule, FewUnitsSplitK) {
+  namespace st = detail::stream;
+  EXPECT_EQ(st::choose_splits(st::group_units(1, 4096), 132, 56), 4);   // 32 units: 4 parts of 14 blocks
+  EXPECT_EQ(st::choose_splits(st::group_units(1, 7168), 132, 16), 2);   // 56 units: 2 parts of 8 blocks
+  EXPECT_EQ(st::choose_splits(2 * st::group_units(32, 7168), 132, 16), 1);  // 112 units, more than half: no split
+  EXPECT_EQ(st::choose_splits(2 * st::group_units(8, 4096), 132, 56), 2);
+  EXPECT_EQ(st::choose_splits(1, 132, 56), 14);  // capped at 4 blocks a part
+  EXPECT_EQ(st::choose_splits(0, 132, 56), 1);
+}
+
+}  // namespace
+}  // namespace epkit::moe

@@ -46,13 +46,15 @@
 #include "epkit/error.hpp"
 #include "moe/device_errors.cuh"
 #include "moe/gemm/gemm_impl.hpp"
+#include "moe/gemm/stream_schedule.hpp"
 
 namespace epkit::moe::detail {
 
 namespace {
 
-constexpr int kBlockRows = 128;      // weight rows (output features) per unit: one 128-row scale block
-constexpr int kChunkRows = 64;       // token rows per unit
+using stream::kBlockRows;
+using stream::kChunkRows;
+using stream::Unit;
 constexpr int kStageK = 128;         // K per stage: one scale block
 constexpr int kConsumerWarps = 4;    // each owns 32 weight rows
 constexpr int kThreads = (kConsumerWarps + 1) * 32;
@@ -168,36 +170,6 @@ __device__ __forceinline__ uint32_t swz(int row, int chunk) {
 __device__ __forceinline__ uint16_t to_bf16(float x) {
   const __nv_bfloat16 h = __float2bfloat16_rn(x);
   return *reinterpret_cast<const uint16_t*>(&h);
-}
-
-struct Unit {
-  int g, nb, tok0, ntok;
-  int base;      // the unsplit unit
-  int kb0, kb1;  // its K blocks [kb0, kb1)
-};
-
-// Split unit u: unsplit unit u / splits, K blocks of part u % splits. The unsplit unit's group is the
-// last g with prefix[g] <= it (prefix is non-decreasing, prefix[0] = 0).
-__device__ __forceinline__ Unit decode_unit(int u, int splits, int S, const int* prefix, const int* counts, int groups) {
-  const int part = u % splits;
-  u /= splits;
-  int lo = 0, hi = groups;  // prefix[lo] <= u < prefix[hi]
-  while (hi - lo > 1) {
-    const int mid = (lo + hi) >> 1;
-    if (prefix[mid] <= u) lo = mid; else hi = mid;
-  }
-  const int local = u - prefix[lo];
-  const int count = counts[lo];
-  const int chunks = (count + kChunkRows - 1) / kChunkRows;
-  Unit x;
-  x.g = lo;
-  x.nb = local / chunks;
-  x.tok0 = (local % chunks) * kChunkRows;
-  x.ntok = min(kChunkRows, count - x.tok0);
-  x.base = u;
-  x.kb0 = part * S / splits;
-  x.kb1 = (part + 1) * S / splits;
-  return x;
 }
 
 // One consumer warp's unit with NT token tiles of 8: returns the ring position after it.
@@ -352,7 +324,7 @@ __global__ void __launch_bounds__(kThreads, 1) stream_grouped_gemm_kernel(const 
   int* prefix = reinterpret_cast<int*>(empty + kStages);  // [G + 1]
   int* row0s = prefix + p.groups + 1;                     // [G]
   int* counts = row0s + p.groups;                         // [G]
-  const int G = p.groups, NB = (p.n + kBlockRows - 1) / kBlockRows;
+  const int G = p.groups;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 
   // Each group's rows, clamped or skipped as ExpertLayout says (CTA 0 reports), and its unit count.
@@ -380,7 +352,7 @@ __global__ void __launch_bounds__(kThreads, 1) stream_grouped_gemm_kernel(const 
     }
     row0s[g] = row0;
     counts[g] = count;
-    prefix[g + 1] = NB * ((count + kChunkRows - 1) / kChunkRows);
+    prefix[g + 1] = stream::group_units(count, p.n);
   }
   if (tid == 0) {
     for (int s = 0; s < kStages; ++s) {
@@ -410,16 +382,14 @@ __global__ void __launch_bounds__(kThreads, 1) stream_grouped_gemm_kernel(const 
   // that every CTA streams weights, down to 4 K blocks a part. Every CTA computes the same value.
   const int S = p.k / kStageK;
   const int base_units = prefix[G];
-  int splits = 1;
-  if (base_units > 0 && 2 * base_units <= static_cast<int>(gridDim.x))
-    splits = max(1, min(static_cast<int>(gridDim.x) / base_units, S / 4));
+  const int splits = stream::choose_splits(base_units, static_cast<int>(gridDim.x), S);
   const int units = base_units * splits;
 
   if (warp == kConsumerWarps) {  // producer
     if (lane != 0) return;
     int it = 0;
     for (int u = blockIdx.x; u < units; u += gridDim.x) {
-      const Unit unit = decode_unit(u, splits, S, prefix, counts, G);
+      const Unit unit = stream::decode_unit(u, splits, S, prefix, counts, G);
       const int tiles = (unit.ntok + 7) / 8;
       const uint32_t bytes = kWeightTileBytes + tiles * kTokenTileBytes;
       const int wrow = unit.g * p.n + unit.nb * kBlockRows;
@@ -442,7 +412,7 @@ __global__ void __launch_bounds__(kThreads, 1) stream_grouped_gemm_kernel(const 
   int it = 0;
   int* last_flag = counts + G;
   for (int u = blockIdx.x; u < units; u += gridDim.x) {
-    const Unit unit = decode_unit(u, splits, S, prefix, counts, G);
+    const Unit unit = stream::decode_unit(u, splits, S, prefix, counts, G);
     const int row0 = row0s[unit.g];
     const int tiles = (unit.ntok + 7) / 8;
     if (tiles <= 1) it = consume_unit<1>(p, unit, splits, u, row0, ring, full, empty, last_flag, it);
