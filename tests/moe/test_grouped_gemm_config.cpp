@@ -380,10 +380,10 @@ TEST(StreamGemmSchedule, UnitsCoverEveryBlockRowAndKBlockOnce) {
 TEST(StreamGemmSchedule, FewUnitsSplitK) {
   namespace st = detail::stream;
   EXPECT_EQ(st::choose_splits(st::group_units(1, 4096), 132, 56), 4);   // 32 units: 4 parts of 14 blocks
-  EXPECT_EQ(st::choose_splits(st::group_units(1, 7168), 132, 16), 2);   // 56 units: 2 parts of 8 blocks
+  EXPECT_EQ(st::choose_splits(st::group_units(1, 7168), 132, 16), 1);   // K 2048: parts would be too short
   EXPECT_EQ(st::choose_splits(2 * st::group_units(32, 7168), 132, 16), 1);  // 112 units, more than half: no split
   EXPECT_EQ(st::choose_splits(2 * st::group_units(8, 4096), 132, 56), 2);
-  EXPECT_EQ(st::choose_splits(1, 132, 56), 14);  // capped at 4 blocks a part
+  EXPECT_EQ(st::choose_splits(1, 132, 56), 4);  // capped at 14 blocks a part
   EXPECT_EQ(st::choose_splits(0, 132, 56), 1);
 }
 

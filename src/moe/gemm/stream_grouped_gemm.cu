@@ -28,7 +28,7 @@
 // - The epilogue writes bf16 straight from the accumulators, only rows < count and features < N.
 // - Split K where the units are too few for the grid (at most half the CTAs: the shared expert, G = 1,
 //   or a handful of experts): each unit's K blocks are cut into up to gridDim / units parts of at least
-//   4 blocks, each part stores its fp32 tile to a workspace slot, and the part that takes the last
+//   14 blocks, each part stores its fp32 tile to a workspace slot, and the part that takes the last
 //   ticket of the unit's arrival counter sums the parts in part order (deterministic) and writes the
 //   output, then zeroes the counter for the next run. The choice is made on the device from the counts.
 //
