@@ -18,13 +18,13 @@
 // - One producer warp issues TMA loads of a stage (the unit's 128 x 128 weight tile, 16 KB, and one
 //   8 x 128 token tile per 8 of the chunk's rows) into an 8-deep ring with mbarriers, running ahead
 //   across units, so the ring fills once per CTA, not once per tile.
-// - Four consumer warps each own 32 of the block's 128 weight rows (the M side of mma.sync m16n8k32
-//   e4m3, two 16-row tiles) against all of the chunk's tokens (the N side: 1, 2, 4 or 8 tiles of 8,
-//   chosen per unit from the device count). Fragments come from the 128-byte-swizzled stage by
-//   ldmatrix. After each 128-deep K block the warp promotes: total += block_sum * weight_scale[nb, kb]
-//   * token_scale[row, kb], the DeepSeek-V3 1 x 128 / 128 x 128 block scaling in fp32; the other
-//   warps' mma keep the tensor cores busy meanwhile (mma.sync is synchronous per warp, so there is no
-//   wait on an asynchronous group as in a wgmma mainloop).
+// - Two consumer warpgroups each own 64 of the block's 128 weight rows: per stage four wgmma
+//   m64nNk32 e4m3 (N = 8, 16, 32 or 64: the chunk's rows rounded up, chosen per unit from the device
+//   count), both operands straight from the swizzled stage, then wait and promote: total +=
+//   block_sum * weight_scale[nb, kb] * token_scale[row, kb], the DeepSeek-V3 1 x 128 / 128 x 128 block
+//   scaling in fp32, while the other warpgroup's wgmma keep the tensor cores busy. (A first version on
+//   mma.sync was bound by the legacy tensor path: sm_90 has no e4m3 mma.sync, its f16 HMMA with fp32
+//   accumulation ran at ~240 TFLOP/s on an H100, 56-59% of HBM at 64 tokens.)
 // - The epilogue writes bf16 straight from the accumulators, only rows < count and features < N.
 // - Split K where the units are too few for the grid (at most half the CTAs: the shared expert, G = 1,
 //   or a handful of experts): each unit's K blocks are cut into up to gridDim / units parts of at least
@@ -56,7 +56,9 @@ using stream::kBlockRows;
 using stream::kChunkRows;
 using stream::Unit;
 constexpr int kStageK = 128;         // K per stage: one scale block
-constexpr int kConsumerWarps = 4;    // each owns 32 weight rows
+constexpr int kConsumerWarps = 8;    // two warpgroups, each 64 of the block's 128 weight rows
+constexpr int kConsumerThreads = kConsumerWarps * 32;
+constexpr int kSlotFloats = 32;      // split K: per consumer thread, the accumulators at 64 tokens
 constexpr int kThreads = (kConsumerWarps + 1) * 32;
 constexpr int kStages = 8;
 constexpr int kWeightTileBytes = kBlockRows * kStageK;  // 16 KB
@@ -78,7 +80,7 @@ struct StreamParams {  // CUtensorMap is 64-byte aligned itself
   const int32_t* counts;
   const int32_t* offsets;
   DeviceErrorRecord* error;
-  float* partials;     // split-K: [gridDim.x][kConsumerWarps * 32][64] fp32, one tile per split unit
+  float* partials;     // split-K: [gridDim.x][kConsumerThreads][kSlotFloats] fp32, one tile per split unit
   uint32_t* arrivals;  // split-K: [gridDim.x] splits arrived per unsplit unit; 0 between runs
   int groups, n, k, rows;
   int packed;
@@ -121,83 +123,109 @@ __device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap* map, i
       : "memory");
 }
 
-__device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-               : "r"(addr));
+// The shared-memory matrix descriptor of wgmma for a K-major tile of 128-byte rows written by TMA with
+// the 128-byte swizzle: start address / 16, 8-row groups 1024 bytes apart (stride byte offset), swizzle
+// mode 1 (128 B). A K step of 32 bytes inside the swizzled row advances the start address by 32.
+__device__ __forceinline__ uint64_t smem_desc(uint32_t addr) {
+  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (uint64_t{1} << 16) | (uint64_t{1024 >> 4} << 32) |
+         (uint64_t{1} << 62);
 }
 
-__device__ __forceinline__ void ldsm_x2(uint32_t addr, uint32_t& r0, uint32_t& r1) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];" : "=r"(r0), "=r"(r1) : "r"(addr));
-}
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
 
-// Two e4m3 values as f16x2 (exact: every e4m3 value is an f16 value): bytes 0-1 of v (lo), 2-3 (hi).
-__device__ __forceinline__ uint32_t e4m3x2_lo(uint32_t v) {
-  uint32_t r;
-  asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %1;\n cvt.rn.f16x2.e4m3x2 %0, l;\n}" : "=r"(r) : "r"(v));
-  return r;
-}
-__device__ __forceinline__ uint32_t e4m3x2_hi(uint32_t v) {
-  uint32_t r;
-  asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %1;\n cvt.rn.f16x2.e4m3x2 %0, h;\n}" : "=r"(r) : "r"(v));
-  return r;
-}
-
-// One 16 x 8 x 32 e4m3 product added to c, as two chained f16 m16n8k16 mma. Hopper has no e4m3
-// mma.sync in hardware: ptxas lowers mma.m16n8k32.e4m3 to two HMMA from zero plus four FADD into c;
-// converting here and chaining into c saves the FADDs. The K order inside the step is permuted the
-// same way for A and B (a lane's 4 bytes k = 4t..4t+3 become f16 slots 2t, 2t+1 and 2t+8, 2t+9),
-// which a dot product does not see.
-__device__ __forceinline__ void mma_e4m3(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+// Keeps the compiler from moving accumulator accesses across the asynchronous wgmma section.
+template <int R>
+__device__ __forceinline__ void fence_regs(float (&d)[R]) {
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {  // h = 0: the fragment's k 0-15 (a0, a1, b0); h = 1: k 16-31 (a2, a3, b1)
-    const uint32_t x = a[2 * h], y = a[2 * h + 1], b = h ? b1 : b0;
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(e4m3x2_lo(x)), "r"(e4m3x2_lo(y)), "r"(e4m3x2_hi(x)), "r"(e4m3x2_hi(y)), "r"(e4m3x2_lo(b)),
-          "r"(e4m3x2_hi(b)));
-  }
+  for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
-// Byte offset of (row, 16-byte chunk) in a tile of 128-byte rows written by TMA with the 128-byte
-// swizzle: the chunk index is XORed with the row's position in its 8-row (1 KB) atom.
-__device__ __forceinline__ uint32_t swz(int row, int chunk) {
-  return static_cast<uint32_t>(row * 128 + ((chunk ^ (row & 7)) << 4));
-}
+// D[64 x N] (+)= A[64 x 32] . B[N x 32]^T, e4m3 in, fp32 accumulators (the m64nNk32 fragment: per
+// n8 tile j, d[4j .. 4j+3] = rows lane/4 and lane/4 + 8 of the warp's 16, columns 2 (lane % 4) + {0, 1}).
+template <int N>
+struct Wgmma;
+
+#define EPKIT_WGMMA_OPEN(n) \
+  "{\n .reg .pred p;\n setp.ne.b32 p, %" #n ", 0;\n wgmma.mma_async.sync.aligned.m64n"
+#define EPKIT_WGMMA_CLOSE ", p, 1, 1;\n}"
+
+template <>
+struct Wgmma<8> {
+  __device__ __forceinline__ static void run(float (&d)[4], uint64_t a, uint64_t b, int accumulate) {
+    asm volatile(EPKIT_WGMMA_OPEN(6) "8k32.f32.e4m3.e4m3 {%0, %1, %2, %3}, %4, %5" EPKIT_WGMMA_CLOSE
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "l"(a), "l"(b), "r"(accumulate));
+  }
+};
+
+template <>
+struct Wgmma<16> {
+  __device__ __forceinline__ static void run(float (&d)[8], uint64_t a, uint64_t b, int accumulate) {
+    asm volatile(EPKIT_WGMMA_OPEN(10) "16k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9" EPKIT_WGMMA_CLOSE
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+                 : "l"(a), "l"(b), "r"(accumulate));
+  }
+};
+
+template <>
+struct Wgmma<32> {
+  __device__ __forceinline__ static void run(float (&d)[16], uint64_t a, uint64_t b, int accumulate) {
+    asm volatile(EPKIT_WGMMA_OPEN(18)
+                 "32k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, "
+                 "%17" EPKIT_WGMMA_CLOSE
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+                 : "l"(a), "l"(b), "r"(accumulate));
+  }
+};
+
+template <>
+struct Wgmma<64> {
+  __device__ __forceinline__ static void run(float (&d)[32], uint64_t a, uint64_t b, int accumulate) {
+    asm volatile(EPKIT_WGMMA_OPEN(34)
+                 "64k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, "
+                 "%17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33" EPKIT_WGMMA_CLOSE
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]),
+                   "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+                   "+f"(d[30]), "+f"(d[31])
+                 : "l"(a), "l"(b), "r"(accumulate));
+  }
+};
+
+#undef EPKIT_WGMMA_OPEN
+#undef EPKIT_WGMMA_CLOSE
 
 __device__ __forceinline__ uint16_t to_bf16(float x) {
   const __nv_bfloat16 h = __float2bfloat16_rn(x);
   return *reinterpret_cast<const uint16_t*>(&h);
 }
 
-// One consumer warp's unit with NT token tiles of 8: returns the ring position after it.
+// One consumer thread's share of a unit with NT token tiles of 8 (wgmma N = 8 NT): returns the ring
+// position after it. Warpgroup wg owns weight rows 64 wg .. 64 wg + 63 of the block; warp w of it rows
+// 16 w .. 16 w + 15 of those in its accumulator fragment.
 template <int NT>
 __device__ __forceinline__ int consume_unit(const StreamParams& p, const Unit& unit, int splits, int unit_index,
                                             int row0, uint8_t* ring, uint64_t* full, uint64_t* empty, int* last_flag,
                                             int it) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  constexpr int kN = NT * 8;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, wg = warp >> 2;
   const int S = p.k / kStageK, NB = (p.n + kBlockRows - 1) / kBlockRows;
   const float* sb_row = p.b_scale + (static_cast<int64_t>(unit.g) * NB + unit.nb) * S;
   // The scales of this lane's token columns j * 8 + 2 * (lane & 3) + c of the chunk: row t of the
   // chunk's scales at sa + t * S.
   const float* sa = p.a_scale + (static_cast<int64_t>(row0) + unit.tok0) * S;
   const int col0 = 2 * (lane & 3);
-  // ldmatrix row addresses. A (weights): lane's matrix q = lane / 8 is rows (q & 1) * 8 + lane % 8 of
-  // the 16-row tile, K chunk q / 2 of the 32-deep step. B (tokens): matrix q is token tile (q / 2) of
-  // the pair, K chunk q & 1.
-  const int q = lane >> 3, r8 = lane & 7;
-  const int a_row0 = warp * 32 + (q & 1) * 8 + r8;
-  const int b_row = (q >> 1) * 8 + r8;
 
-  float total[2][NT][4];
+  float total[NT * 4];
 #pragma unroll
-  for (int m = 0; m < 2; ++m)
+  for (int i = 0; i < NT * 4; ++i) total[i] = 0.f;
+  float acc[NT * 4];
 #pragma unroll
-    for (int j = 0; j < NT; ++j)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) total[m][j][i] = 0.f;
+  for (int i = 0; i < NT * 4; ++i) acc[i] = 0.f;
 
   for (int kb = unit.kb0; kb < unit.kb1; ++kb, ++it) {
     const int s = it % kStages;
@@ -214,105 +242,75 @@ __device__ __forceinline__ int consume_unit(const StreamParams& p, const Unit& u
       }
 
     mbar_wait(smem_addr(&full[s]), parity);
-    const uint32_t w_base = smem_addr(ring + static_cast<size_t>(s) * kStageBytes);
-    const uint32_t t_base = w_base + kWeightTileBytes;
-    float acc[2][NT][4];
+    const uint32_t w_base = smem_addr(ring + static_cast<size_t>(s) * kStageBytes) + wg * 64 * kStageK;
+    const uint32_t t_base = smem_addr(ring + static_cast<size_t>(s) * kStageBytes) + kWeightTileBytes;
+    fence_regs(acc);
+    wgmma_fence();
 #pragma unroll
-    for (int m = 0; m < 2; ++m)
-#pragma unroll
-      for (int j = 0; j < NT; ++j)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) acc[m][j][i] = 0.f;
-#pragma unroll
-    for (int ks = 0; ks < kStageK / 32; ++ks) {
-      uint32_t a[2][4];
-#pragma unroll
-      for (int m = 0; m < 2; ++m)
-        ldsm_x4(w_base + swz(a_row0 + m * 16, ks * 2 + (q >> 1)), a[m][0], a[m][1], a[m][2], a[m][3]);
-      uint32_t b[NT][2];
-      if constexpr (NT == 1) {
-        ldsm_x2(t_base + swz(r8, ks * 2 + (q & 1)), b[0][0], b[0][1]);
-      } else {
-#pragma unroll
-        for (int j = 0; j < NT; j += 2)
-          ldsm_x4(t_base + swz(j * 8 + b_row, ks * 2 + (q & 1)), b[j][0], b[j][1], b[j + 1][0], b[j + 1][1]);
-      }
-#pragma unroll
-      for (int m = 0; m < 2; ++m)
-#pragma unroll
-        for (int j = 0; j < NT; ++j) mma_e4m3(acc[m][j], a[m], b[j][0], b[j][1]);
-    }
-    // The fragments are in registers: hand the stage back (release orders the ldmatrix reads first).
+    for (int ks = 0; ks < kStageK / 32; ++ks)
+      Wgmma<kN>::run(acc, smem_desc(w_base + ks * 32), smem_desc(t_base + ks * 32), ks > 0 ? 1 : 0);
+    wgmma_commit();
+    wgmma_wait_all();
+    fence_regs(acc);
+    // The warpgroup's reads of the stage are complete: hand it back.
     __syncwarp();
     if (lane == 0) mbar_arrive(smem_addr(&empty[s]));
 #pragma unroll
-    for (int m = 0; m < 2; ++m)
+    for (int j = 0; j < NT; ++j)
 #pragma unroll
-      for (int j = 0; j < NT; ++j)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) total[m][j][i] = fmaf(acc[m][j][i], wscale * tscale[j][i & 1], total[m][j][i]);
+      for (int i = 0; i < 4; ++i) total[j * 4 + i] = fmaf(acc[j * 4 + i], wscale * tscale[j][i & 1], total[j * 4 + i]);
   }
 
   if (splits > 1) {
-    // Split K: every part stores its tile (each thread its own 2 * NT * 4 values, in fragment order);
-    // the part that arrives last sums the parts in part order (deterministic) and writes the output.
-    const int consumer = warp * 32 + lane;
-    float4* mine = reinterpret_cast<float4*>(p.partials + (static_cast<int64_t>(unit_index) * kConsumerWarps * 32 +
-                                                           consumer) * 64);
+    // Split K: every part stores its tile (each thread its own NT * 4 values, in fragment order); the
+    // part that arrives last sums the parts in part order (deterministic) and writes the output.
+    const int consumer = threadIdx.x;
+    float4* mine = reinterpret_cast<float4*>(
+        p.partials + (static_cast<int64_t>(unit_index) * kConsumerThreads + consumer) * kSlotFloats);
 #pragma unroll
-    for (int m = 0; m < 2; ++m)
-#pragma unroll
-      for (int j = 0; j < NT; ++j)
-        __stcg(mine + m * NT + j, make_float4(total[m][j][0], total[m][j][1], total[m][j][2], total[m][j][3]));
+    for (int j = 0; j < NT; ++j)
+      __stcg(mine + j, make_float4(total[j * 4], total[j * 4 + 1], total[j * 4 + 2], total[j * 4 + 3]));
     __threadfence();
-    asm volatile("bar.sync 1, %0;" ::"n"(kConsumerWarps * 32) : "memory");
+    asm volatile("bar.sync 1, %0;" ::"n"(kConsumerThreads) : "memory");
     if (consumer == 0) {
       const uint32_t ticket = atomicAdd(p.arrivals + unit.base, 1u);
       *last_flag = ticket == static_cast<uint32_t>(splits - 1);
       if (ticket == static_cast<uint32_t>(splits - 1)) p.arrivals[unit.base] = 0;  // ready for the next run
     }
-    asm volatile("bar.sync 1, %0;" ::"n"(kConsumerWarps * 32) : "memory");
+    asm volatile("bar.sync 1, %0;" ::"n"(kConsumerThreads) : "memory");
     if (!*last_flag) return it;
     __threadfence();
 #pragma unroll
-    for (int m = 0; m < 2; ++m)
-#pragma unroll
-      for (int j = 0; j < NT; ++j)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) total[m][j][i] = 0.f;
+    for (int i = 0; i < NT * 4; ++i) total[i] = 0.f;
     for (int part = 0; part < splits; ++part) {
       const float4* src = reinterpret_cast<const float4*>(
-          p.partials + (static_cast<int64_t>(unit.base * splits + part) * kConsumerWarps * 32 + consumer) * 64);
+          p.partials + (static_cast<int64_t>(unit.base * splits + part) * kConsumerThreads + consumer) * kSlotFloats);
 #pragma unroll
-      for (int m = 0; m < 2; ++m)
-#pragma unroll
-        for (int j = 0; j < NT; ++j) {
-          const float4 v = __ldcg(src + m * NT + j);
-          total[m][j][0] += v.x;
-          total[m][j][1] += v.y;
-          total[m][j][2] += v.z;
-          total[m][j][3] += v.w;
-        }
+      for (int j = 0; j < NT; ++j) {
+        const float4 v = __ldcg(src + j);
+        total[j * 4] += v.x;
+        total[j * 4 + 1] += v.y;
+        total[j * 4 + 2] += v.z;
+        total[j * 4 + 3] += v.w;
+      }
     }
   }
 
-  // Epilogue: accumulator (row, column) = (output feature, token); c0, c1 are row lane / 4 and
-  // columns 2 * (lane % 4) + {0, 1}; c2, c3 the row 8 below.
+  // Epilogue: accumulator (row, column) = (output feature, token); d[4j], d[4j+1] are row lane / 4 and
+  // columns 2 (lane % 4) + {0, 1} of tile j, d[4j+2], d[4j+3] the row 8 below.
   const int64_t out_row0 = static_cast<int64_t>(row0) + unit.tok0;
 #pragma unroll
-  for (int m = 0; m < 2; ++m)
+  for (int h = 0; h < 2; ++h) {
+    const int feature = unit.nb * kBlockRows + warp * 16 + h * 8 + (lane >> 2);
+    if (feature >= p.n) continue;
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int feature = unit.nb * kBlockRows + warp * 32 + m * 16 + h * 8 + (lane >> 2);
-      if (feature >= p.n) continue;
+    for (int j = 0; j < NT; ++j)
 #pragma unroll
-      for (int j = 0; j < NT; ++j)
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          const int t = j * 8 + col0 + c;
-          if (t < unit.ntok) p.d[(out_row0 + t) * p.n + feature] = to_bf16(total[m][j][h * 2 + c]);
-        }
-    }
+      for (int c = 0; c < 2; ++c) {
+        const int t = j * 8 + col0 + c;
+        if (t < unit.ntok) p.d[(out_row0 + t) * p.n + feature] = to_bf16(total[j * 4 + h * 2 + c]);
+      }
+  }
   return it;
 }
 
@@ -461,7 +459,7 @@ class StreamGroupedGemm final : public GemmImpl {
     encode_ = tensor_map_encoder(cfg_);
     // Split K: one partial tile per CTA of the grid, one arrival counter per unsplit unit (zeroed once;
     // the last part of each unit zeroes its counter again).
-    const size_t partial_bytes = static_cast<size_t>(sm_count_) * kConsumerWarps * 32 * 64 * sizeof(float);
+    const size_t partial_bytes = static_cast<size_t>(sm_count_) * kConsumerThreads * kSlotFloats * sizeof(float);
     ws_bytes_ = partial_bytes + static_cast<size_t>(sm_count_) * sizeof(uint32_t);
     void* w = nullptr;
     cuda_check(cudaMalloc(&w, ws_bytes_), "cudaMalloc of the split-K workspace", cfg_);
