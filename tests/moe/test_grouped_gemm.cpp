@@ -365,6 +365,31 @@ void replay_with_changing_counts(const GroupedGemmShape& shape, const std::vecto
   CUDA_OK(cudaStreamDestroy(stream));
 }
 
+// Objects of one config built for different group counts, the larger first, then run in the order
+// built (a MoE layer's routed GEMM and its shared expert): a later object must not break an earlier one
+// (a per-kernel launch attribute set from the later, smaller shape once did).
+TEST(GroupedGemm, ObjectsOfDifferentShapesRunAfterEachOther) {
+  std::vector<int32_t> counts(72);
+  for (int g = 0; g < 72; ++g) counts[g] = (g * 7) % 25;
+  const HostCase big = make_case(moe_test::case_seed(31), masked(72, 256, 512, 24), counts);
+  const HostCase small = make_case(moe_test::case_seed(32), masked(1, 384, 1024, 40), {33});
+  DeviceCase dbig(big), dsmall(small);
+  const Reference rbig = reference_of(big), rsmall = reference_of(small);
+  for (const GemmConfig& cfg : configs_under_test()) {
+    SCOPED_TRACE(label(cfg, "G=72 then G=1"));
+    GroupedGemm gbig(big.shape, cfg);
+    GroupedGemm gsmall(small.shape, cfg);
+    dbig.d.poison(0xff);
+    dsmall.d.poison(0xff);
+    CUDA_OK(cudaDeviceSynchronize());
+    gbig.run(dbig.args(big.shape), nullptr);
+    gsmall.run(dsmall.args(small.shape), nullptr);
+    CUDA_OK(cudaDeviceSynchronize());
+    expect_matches_reference(big, rbig, dbig.d.download(), label(cfg, "G=72"));
+    expect_matches_reference(small, rsmall, dsmall.d.download(), label(cfg, "G=1"));
+  }
+}
+
 TEST(GroupedGemm, GraphReplayWithChangingCounts) {
   replay_with_changing_counts(masked(4, 256, 256, 64), {{64, 0, 17, 33}, {0, 0, 0, 0}, {1, 64, 40, 0}}, {},
                               moe_test::case_seed(16));

@@ -453,8 +453,13 @@ class StreamGroupedGemm final : public GemmImpl {
     EPKIT_CHECK(smem_ <= static_cast<size_t>(smem_optin), "grouped GEMM ", to_string(cfg_), ": needs ", smem_,
                 " bytes of shared memory per block at num_groups = ", shape_.num_groups, ", device ", device_,
                 " allows ", smem_optin);
+    // The attribute is the kernel's, not this object's: set it for the largest group count, so that
+    // an object built later for fewer groups does not lower it under an earlier one's launch.
+    const size_t smem_max = smem_bytes(kMaxGemmGroups);
+    EPKIT_CHECK(smem_max <= static_cast<size_t>(smem_optin), "grouped GEMM ", to_string(cfg_), ": needs up to ",
+                smem_max, " bytes of shared memory per block, device ", device_, " allows ", smem_optin);
     cuda_check(cudaFuncSetAttribute(stream_grouped_gemm_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    static_cast<int>(smem_)),
+                                    static_cast<int>(smem_max)),
                "cudaFuncSetAttribute", cfg_);
     encode_ = tensor_map_encoder(cfg_);
     // Split K: one partial tile per CTA of the grid, one arrival counter per unsplit unit (zeroed once;
