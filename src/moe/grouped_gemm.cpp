@@ -12,6 +12,32 @@
 
 namespace epkit::moe {
 
+namespace detail {
+
+void gemm_cuda_check(cudaError_t e, const char* what, const GemmConfig& cfg) {
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    EPKIT_FAIL("grouped GEMM ", to_string(cfg), ": ", what, " failed: ", cudaGetErrorString(e));
+  }
+}
+
+GemmDevice current_gemm_device(const GemmConfig& cfg) {
+  GemmDevice d;
+  int major = 0;
+  gemm_cuda_check(cudaGetDevice(&d.device), "cudaGetDevice", cfg);
+  gemm_cuda_check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, d.device), "cudaDeviceGetAttribute",
+                  cfg);
+  gemm_cuda_check(cudaDeviceGetAttribute(&d.sm_count, cudaDevAttrMultiProcessorCount, d.device),
+                  "cudaDeviceGetAttribute", cfg);
+  gemm_cuda_check(cudaDeviceGetAttribute(&d.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, d.device),
+                  "cudaDeviceGetAttribute", cfg);
+  EPKIT_CHECK(major == 9, "grouped GEMM: device ", d.device, " has compute capability ", major,
+              ".x; the kernels are built for sm_90a (Hopper) only");
+  return d;
+}
+
+}  // namespace detail
+
 namespace {
 
 std::unique_ptr<detail::GemmImpl> make_impl(const GroupedGemmShape& shape, const GemmConfig& cfg) {

@@ -39,7 +39,7 @@
 #include "cutlass/numeric_types.h"
 #include "cutlass/util/packed_stride.hpp"
 #include "epkit/error.hpp"
-#include "moe/device_errors.cuh"
+#include "moe/gemm/group_rows.cuh"
 #include "moe/gemm/gemm_impl.hpp"
 
 namespace epkit::moe::detail {
@@ -122,25 +122,9 @@ __global__ void write_group_args(GroupArrays<T> w, GemmLaunch in, GroupDims dims
   const int g = blockIdx.x * blockDim.x + threadIdx.x;
   if (g >= dims.num_groups) return;
   const int N = dims.n, K = dims.k, S = dims.k / 128, NB = (dims.n + 127) / 128;
-  int count = in.counts[g];
-  int64_t row0 = 0;
-  if (!dims.packed) {
-    row0 = static_cast<int64_t>(g) * dims.rows;
-    if (count < 0 || count > dims.rows) {
-      record_violation(in.error, KernelId::kGroupedGemm, Violation::kExpertCount, g, count, dims.rows);
-      count = count < 0 ? 0 : dims.rows;
-    }
-  } else {
-    const int start = in.offsets[g], next = in.offsets[g + 1];
-    const int64_t end = static_cast<int64_t>(start) + count;
-    const int64_t limit = next < dims.rows ? next : dims.rows;
-    if (start < 0 || count < 0 || end > limit) {
-      record_violation(in.error, KernelId::kGroupedGemm, Violation::kPackedRange, g, end, limit);
-      count = 0;
-    } else {
-      row0 = start;
-    }
-  }
+  const GroupRows gr = group_rows(in.counts, in.offsets, g, dims.rows, dims.packed, in.error);
+  const int count = gr.count;
+  const int64_t row0 = gr.row0;
   using EAB = typename T::ElementAB;
   const EAB* tokens = reinterpret_cast<const EAB*>(in.a) + row0 * K;
   const float* token_scales = in.a_scale + row0 * S;
@@ -173,13 +157,6 @@ __global__ void write_group_args(GroupArrays<T> w, GemmLaunch in, GroupDims dims
   w.ptr_d[g] = out;
 }
 
-inline void cuda_check(cudaError_t e, const char* what, const GemmConfig& cfg) {
-  if (e != cudaSuccess) {
-    cudaGetLastError();  // clear a non-sticky error so that the next call starts clean
-    EPKIT_FAIL("grouped GEMM ", to_string(cfg), ": ", what, " failed: ", cudaGetErrorString(e));
-  }
-}
-
 template <class T>
 class CutlassGroupedGemm final : public GemmImpl {
   using Kernel = typename T::Kernel;
@@ -188,18 +165,13 @@ class CutlassGroupedGemm final : public GemmImpl {
 
  public:
   CutlassGroupedGemm(const GroupedGemmShape& shape, const GemmConfig& cfg) : GemmImpl(shape, cfg) {
-    cuda_check(cudaGetDevice(&device_), "cudaGetDevice", cfg_);
-    int major = 0, sm_count = 0, smem_optin = 0;
-    cuda_check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_), "cudaDeviceGetAttribute", cfg_);
-    cuda_check(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device_), "cudaDeviceGetAttribute", cfg_);
-    cuda_check(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device_),
-               "cudaDeviceGetAttribute", cfg_);
-    EPKIT_CHECK(major == 9, "grouped GEMM: device ", device_, " has compute capability ", major,
-                ".x; the kernels are built for sm_90a (Hopper) only");
+    const GemmDevice dev = current_gemm_device(cfg_);
+    device_ = dev.device;
+    const int sm_count = dev.sm_count, smem_optin = dev.smem_optin;
     const int smem = Kernel::SharedStorageSize;
     EPKIT_CHECK(smem <= smem_optin, "grouped GEMM ", to_string(cfg_), ": needs ", smem,
                 " bytes of shared memory per block, device ", device_, " allows ", smem_optin);
-    cuda_check(cudaFuncSetAttribute(cutlass::device_kernel<Kernel>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+    gemm_cuda_check(cudaFuncSetAttribute(cutlass::device_kernel<Kernel>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
                "cudaFuncSetAttribute", cfg_);
     cutlass::KernelHardwareInfo hw{device_, sm_count, 0};
     if constexpr (kClusterSize > 1) hw.max_active_clusters = max_active_clusters(smem);
@@ -221,7 +193,7 @@ class CutlassGroupedGemm final : public GemmImpl {
     const size_t o_cutlass = take(Gemm::get_workspace_size(args));
     bytes_ = off;
     void* p = nullptr;
-    cuda_check(cudaMalloc(&p, bytes_), "cudaMalloc of the workspace", cfg_);
+    gemm_cuda_check(cudaMalloc(&p, bytes_), "cudaMalloc of the workspace", cfg_);
     ws_ = static_cast<char*>(p);
     auto at = [&](size_t o) { return static_cast<void*>(ws_ + o); };
     arrays_.shapes = static_cast<typename T::Shape3*>(at(o_shapes));
@@ -253,7 +225,7 @@ class CutlassGroupedGemm final : public GemmImpl {
     const GroupDims dims{shape_.num_groups, shape_.n, shape_.k, shape_.rows, shape_.layout == ExpertLayout::kPacked};
     constexpr int kThreads = 128;
     write_group_args<T><<<(dims.num_groups + kThreads - 1) / kThreads, kThreads, 0, stream>>>(arrays_, launch, dims);
-    cuda_check(cudaGetLastError(), "launch of the per-group argument kernel", cfg_);
+    gemm_cuda_check(cudaGetLastError(), "launch of the per-group argument kernel", cfg_);
     const cutlass::Status st = gemm_.run(stream);
     EPKIT_CHECK(st == cutlass::Status::kSuccess, "grouped GEMM ", to_string(cfg_),
                 ": CUTLASS launch failed: ", cutlassGetStatusString(st));
@@ -286,7 +258,7 @@ class CutlassGroupedGemm final : public GemmImpl {
     lc.attrs = &attr;
     lc.numAttrs = 1;
     int n = 0;
-    cuda_check(cudaOccupancyMaxActiveClusters(&n, cutlass::device_kernel<Kernel>, &lc),
+    gemm_cuda_check(cudaOccupancyMaxActiveClusters(&n, cutlass::device_kernel<Kernel>, &lc),
                "cudaOccupancyMaxActiveClusters", cfg_);
     EPKIT_CHECK(n > 0, "grouped GEMM ", to_string(cfg_), ": no cluster of ", kClusterSize, " CTAs fits on device ",
                 device_);

@@ -25,6 +25,18 @@ struct GemmLaunch {
   DeviceErrorRecord* error = nullptr;
 };
 
+// Throws epkit::Error naming the config and the call if `e` is an error (and clears a non-sticky one,
+// so that the next call starts clean).
+void gemm_cuda_check(cudaError_t e, const char* what, const GemmConfig& cfg);
+
+// The current device, checked to be a Hopper (sm_90a kernels only), with what the kernels size from.
+struct GemmDevice {
+  int device = 0;
+  int sm_count = 0;
+  int smem_optin = 0;  // dynamic shared memory a block may opt into
+};
+GemmDevice current_gemm_device(const GemmConfig& cfg);
+
 class GemmImpl {
  public:
   GemmImpl(const GroupedGemmShape& shape, const GemmConfig& cfg) : shape_(shape), cfg_(cfg) {}

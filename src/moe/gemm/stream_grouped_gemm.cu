@@ -44,7 +44,7 @@
 #include <memory>
 
 #include "epkit/error.hpp"
-#include "moe/device_errors.cuh"
+#include "moe/gemm/group_rows.cuh"
 #include "moe/gemm/gemm_impl.hpp"
 #include "moe/gemm/stream_schedule.hpp"
 
@@ -327,30 +327,10 @@ __global__ void __launch_bounds__(kThreads, 1) stream_grouped_gemm_kernel(const 
 
   // Each group's rows, clamped or skipped as ExpertLayout says (CTA 0 reports), and its unit count.
   for (int g = tid; g < G; g += kThreads) {
-    int count = p.counts[g];
-    int row0 = 0;
-    if (!p.packed) {
-      row0 = g * p.rows;
-      if (count < 0 || count > p.rows) {
-        if (blockIdx.x == 0)
-          record_violation(p.error, KernelId::kGroupedGemm, Violation::kExpertCount, g, count, p.rows);
-        count = count < 0 ? 0 : p.rows;
-      }
-    } else {
-      const int start = p.offsets[g], next = p.offsets[g + 1];
-      const int64_t end = static_cast<int64_t>(start) + count;
-      const int64_t limit = next < p.rows ? next : p.rows;
-      if (start < 0 || count < 0 || end > limit) {
-        if (blockIdx.x == 0)
-          record_violation(p.error, KernelId::kGroupedGemm, Violation::kPackedRange, g, end, limit);
-        count = 0;
-      } else {
-        row0 = start;
-      }
-    }
-    row0s[g] = row0;
-    counts[g] = count;
-    prefix[g + 1] = stream::group_units(count, p.n);
+    const GroupRows gr = group_rows(p.counts, p.offsets, g, p.rows, p.packed, blockIdx.x == 0 ? p.error : nullptr);
+    row0s[g] = static_cast<int>(gr.row0);  // < 2^31: checked on the host
+    counts[g] = gr.count;
+    prefix[g + 1] = stream::group_units(gr.count, p.n);
   }
   if (tid == 0) {
     for (int s = 0; s < kStages; ++s) {
@@ -420,17 +400,10 @@ __global__ void __launch_bounds__(kThreads, 1) stream_grouped_gemm_kernel(const 
   }
 }
 
-void cuda_check(cudaError_t e, const char* what, const GemmConfig& cfg) {
-  if (e != cudaSuccess) {
-    cudaGetLastError();
-    EPKIT_FAIL("grouped GEMM ", to_string(cfg), ": ", what, " failed: ", cudaGetErrorString(e));
-  }
-}
-
 PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder(const GemmConfig& cfg) {
   void* fn = nullptr;
   cudaDriverEntryPointQueryResult q{};
-  cuda_check(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q),
+  gemm_cuda_check(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q),
              "cudaGetDriverEntryPointByVersion(cuTensorMapEncodeTiled)", cfg);
   EPKIT_CHECK(q == cudaDriverEntryPointSuccess && fn != nullptr,
               "grouped GEMM: the driver has no cuTensorMapEncodeTiled (needs a CUDA 12+ driver)");
@@ -440,15 +413,16 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder(const GemmConfig& cfg) {
 class StreamGroupedGemm final : public GemmImpl {
  public:
   StreamGroupedGemm(const GroupedGemmShape& shape, const GemmConfig& cfg) : GemmImpl(shape, cfg) {
-    cuda_check(cudaGetDevice(&device_), "cudaGetDevice", cfg_);
-    int major = 0, smem_optin = 0;
-    cuda_check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_), "cudaDeviceGetAttribute", cfg_);
-    cuda_check(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device_), "cudaDeviceGetAttribute",
-               cfg_);
-    cuda_check(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device_),
-               "cudaDeviceGetAttribute", cfg_);
-    EPKIT_CHECK(major == 9, "grouped GEMM: device ", device_, " has compute capability ", major,
-                ".x; the kernels are built for sm_90a (Hopper) only");
+    const GemmDevice dev = current_gemm_device(cfg_);
+    device_ = dev.device;
+    sm_count_ = dev.sm_count;
+    const int smem_optin = dev.smem_optin;
+    // TMA coordinates and the kernel's row indices are int32.
+    const int64_t weight_rows = static_cast<int64_t>(shape_.num_groups) * shape_.n;
+    const int64_t token_rows = shape_.layout == ExpertLayout::kPacked ? shape_.rows
+                                                                      : static_cast<int64_t>(shape_.num_groups) * shape_.rows;
+    EPKIT_CHECK(weight_rows < (int64_t{1} << 31) && token_rows < (int64_t{1} << 31), "grouped GEMM ", to_string(cfg_),
+                ": ", weight_rows, " weight rows and ", token_rows, " token rows must each be below 2^31");
     smem_ = smem_bytes(shape_.num_groups);
     EPKIT_CHECK(smem_ <= static_cast<size_t>(smem_optin), "grouped GEMM ", to_string(cfg_), ": needs ", smem_,
                 " bytes of shared memory per block at num_groups = ", shape_.num_groups, ", device ", device_,
@@ -458,7 +432,7 @@ class StreamGroupedGemm final : public GemmImpl {
     const size_t smem_max = smem_bytes(kMaxGemmGroups);
     EPKIT_CHECK(smem_max <= static_cast<size_t>(smem_optin), "grouped GEMM ", to_string(cfg_), ": needs up to ",
                 smem_max, " bytes of shared memory per block, device ", device_, " allows ", smem_optin);
-    cuda_check(cudaFuncSetAttribute(stream_grouped_gemm_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    gemm_cuda_check(cudaFuncSetAttribute(stream_grouped_gemm_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     static_cast<int>(smem_max)),
                "cudaFuncSetAttribute", cfg_);
     encode_ = tensor_map_encoder(cfg_);
@@ -467,14 +441,14 @@ class StreamGroupedGemm final : public GemmImpl {
     const size_t partial_bytes = static_cast<size_t>(sm_count_) * kConsumerThreads * kSlotFloats * sizeof(float);
     ws_bytes_ = partial_bytes + static_cast<size_t>(sm_count_) * sizeof(uint32_t);
     void* w = nullptr;
-    cuda_check(cudaMalloc(&w, ws_bytes_), "cudaMalloc of the split-K workspace", cfg_);
+    gemm_cuda_check(cudaMalloc(&w, ws_bytes_), "cudaMalloc of the split-K workspace", cfg_);
     ws_ = static_cast<char*>(w);
     partials_ = reinterpret_cast<float*>(ws_);
     arrivals_ = reinterpret_cast<uint32_t*>(ws_ + partial_bytes);
     const cudaError_t e = cudaMemset(arrivals_, 0, static_cast<size_t>(sm_count_) * sizeof(uint32_t));
     if (e != cudaSuccess) {
       cudaFree(ws_);
-      cuda_check(e, "cudaMemset of the split-K counters", cfg_);
+      gemm_cuda_check(e, "cudaMemset of the split-K counters", cfg_);
     }
   }
 
@@ -485,11 +459,20 @@ class StreamGroupedGemm final : public GemmImpl {
   void run(const GemmLaunch& l, cudaStream_t stream) override {
     const GroupedGemmShape& s = shape_;
     const bool packed = s.layout == ExpertLayout::kPacked;
-    StreamParams p{};
-    encode(&p.weights, l.b, static_cast<uint64_t>(s.num_groups) * s.n, kBlockRows);
+    // The maps depend on the shape (fixed) and the base pointers: encoded again only when one moves.
+    if (l.b != weights_base_) {
+      encode(&weights_map_, l.b, static_cast<uint64_t>(s.num_groups) * s.n, kBlockRows);
+      weights_base_ = l.b;
+    }
     const uint64_t token_rows = packed ? static_cast<uint64_t>(s.rows) : static_cast<uint64_t>(s.num_groups) * s.rows;
     // No token rows: every count clamps to 0 (or its group is skipped), so no unit reads the map.
-    if (token_rows > 0) encode(&p.tokens, l.a, token_rows, 8);
+    if (token_rows > 0 && l.a != tokens_base_) {
+      encode(&tokens_map_, l.a, token_rows, 8);
+      tokens_base_ = l.a;
+    }
+    StreamParams p{};
+    p.weights = weights_map_;
+    p.tokens = tokens_map_;
     p.a_scale = l.a_scale;
     p.b_scale = l.b_scale;
     p.d = l.d;
@@ -504,7 +487,7 @@ class StreamGroupedGemm final : public GemmImpl {
     p.rows = s.rows;
     p.packed = packed ? 1 : 0;
     stream_grouped_gemm_kernel<<<sm_count_, kThreads, smem_, stream>>>(p);
-    cuda_check(cudaGetLastError(), "launch of the streaming kernel", cfg_);
+    gemm_cuda_check(cudaGetLastError(), "launch of the streaming kernel", cfg_);
   }
 
   size_t workspace_bytes() const override { return ws_bytes_; }
@@ -524,6 +507,9 @@ class StreamGroupedGemm final : public GemmImpl {
                 static_cast<int>(r), ") for a [", rows, ", ", shape_.k, "] operand");
   }
 
+  CUtensorMap weights_map_{}, tokens_map_{};
+  const void* weights_base_ = nullptr;
+  const void* tokens_base_ = nullptr;
   int sm_count_ = 0;
   size_t smem_ = 0;
   char* ws_ = nullptr;
