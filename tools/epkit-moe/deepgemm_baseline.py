@@ -392,14 +392,10 @@ def main():
                     if cfg is not None and g_.config == gemms[0].config:
                         continue
                     gemms.append(g_)
-                    if layout == "masked":
-                        fns.append(lambda i, ops=ops, g=g_: g.run(ops.a[i % ops.sets], ops.a_scale[i % ops.sets],
-                                                                  ops.b[i % ops.sets], ops.b_scale[i % ops.sets],
-                                                                  ops.counts, out=ops.d_ep[i % ops.sets]))
-                    else:
-                        fns.append(lambda i, ops=ops, g=g_: g.run(ops.a[i % ops.sets], ops.a_scale[i % ops.sets],
-                                                                  ops.b[i % ops.sets], ops.b_scale[i % ops.sets],
-                                                                  ops.counts, ops.offsets, out=ops.d_ep[i % ops.sets]))
+                    offsets = () if layout == "masked" else (ops.offsets,)
+                    fns.append(lambda i, ops=ops, g=g_, o=offsets: g.run(ops.a[i % ops.sets], ops.a_scale[i % ops.sets],
+                                                                         ops.b[i % ops.sets], ops.b_scale[i % ops.sets],
+                                                                         ops.counts, *o, out=ops.d_ep[i % ops.sets]))
                 gemm = gemms[0]
             # Agreement first, on set 0, from one call of each (each epkit config on a poisoned output).
             diffs = []
