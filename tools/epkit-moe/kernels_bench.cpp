@@ -81,6 +81,19 @@ moe::RouterKernel router_kernel_of(const std::string& name) {
   return moe::RouterKernel::kAuto;
 }
 
+// The router's arguments for rotation set `set` of m tokens: fp32 logits [m, E] and outputs [m, K]
+// at set * (m * E) / set * (m * K) in their buffers; the bias (grouped mode) is shared by the sets.
+moe::RouterArgs router_args(const Buffer& logits, const Buffer* bias, const Buffer& idx, const Buffer& weights,
+                            int set, int m, int E, int K) {
+  moe::RouterArgs a;
+  a.logits = Tensor(logits.as<float>() + size_t(set) * m * E, DType::kFP32, {m, E});
+  if (bias) a.bias = Tensor(bias->get(), DType::kFP32, {E});
+  a.num_tokens = m;
+  a.topk_idx = Tensor(idx.as<int32_t>() + size_t(set) * m * K, DType::kInt32, {m, K});
+  a.topk_weights = Tensor(weights.as<float>() + size_t(set) * m * K, DType::kFP32, {m, K});
+  return a;
+}
+
 }  // namespace
 
 std::vector<Row> bench_router(const Options& o, const Ceilings& c, const L2Flush& f, cudaStream_t s) {
@@ -110,14 +123,7 @@ std::vector<Row> bench_router(const Options& o, const Ceilings& c, const L2Flush
         moe::RouterConfig cfg = md.cfg;
         cfg.kernel = router_kernel_of(kname);
         auto args = [&, m, E, K, sets](int i) {
-          const int set = i % sets;
-          moe::RouterArgs a;
-          a.logits = Tensor(logits.as<float>() + size_t(set) * m * E, DType::kFP32, {m, E});
-          if (grouped) a.bias = Tensor(bias.get(), DType::kFP32, {E});
-          a.num_tokens = m;
-          a.topk_idx = Tensor(idx.as<int32_t>() + size_t(set) * m * K, DType::kInt32, {m, K});
-          a.topk_weights = Tensor(w.as<float>() + size_t(set) * m * K, DType::kFP32, {m, K});
-          return a;
+          return router_args(logits, grouped ? &bias : nullptr, idx, w, i % sets, m, E, K);
         };
         Row r;
         r.kernel = "router", r.system = "epkit", r.G = 1, r.m = m, r.N = E, r.K = K;
@@ -158,15 +164,7 @@ std::vector<Row> bench_gate_router(const Options& o, const Ceilings& c, const L2
     fill_uniform(bias.get(), DType::kFP32, E, 3, -0.1f, 0.1f, s);
     auto tx = [&, m](int set) { return Tensor(x.as<uint8_t>() + size_t(set) * x_bytes, DType::kBF16, {m, H}); };
     auto tw_ = [&](int set) { return Tensor(w.as<uint8_t>() + size_t(set) * w_bytes, DType::kBF16, {E, H}); };
-    auto ra = [&, m](int set) {
-      moe::RouterArgs a;
-      a.logits = Tensor(logits.as<float>() + size_t(set) * m * E, DType::kFP32, {m, E});
-      a.bias = Tensor(bias.get(), DType::kFP32, {E});
-      a.num_tokens = m;
-      a.topk_idx = Tensor(idx.as<int32_t>() + size_t(set) * m * K, DType::kInt32, {m, K});
-      a.topk_weights = Tensor(tw.as<float>() + size_t(set) * m * K, DType::kFP32, {m, K});
-      return a;
-    };
+    auto ra = [&, m](int set) { return router_args(logits, &bias, idx, tw, set, m, E, K); };
     Row base;
     base.kernel = "gate_router", base.system = "epkit", base.G = 1, base.m = m, base.N = E, base.K = H;
     base.bytes = static_cast<double>(w_bytes + x_bytes + out_bytes);
