@@ -42,11 +42,11 @@ namespace {
 
 std::unique_ptr<detail::GemmImpl> make_impl(const GroupedGemmShape& shape, const GemmConfig& cfg) {
   validate(shape);
-  if (cfg == detail::kStreamGemmConfig) return detail::make_stream_gemm(shape, cfg);
 #define EPKIT_GEMM_CONFIG(id, swap, sched, tm, tn, cm, cn)                         \
   if (cfg == GemmConfig{tm, tn, 128, swap, GemmSchedule::sched, cm, cn}) {         \
     return detail::make_gemm_##id(shape);                                          \
   }
+#define EPKIT_GEMM_OWN_CONFIG EPKIT_GEMM_CONFIG
 #include "moe/gemm/gemm_configs.def"
   std::string names;
   for (const GemmConfig& c : available_gemm_configs()) names += (names.empty() ? "" : ", ") + to_string(c);

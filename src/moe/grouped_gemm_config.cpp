@@ -6,7 +6,6 @@
 
 #include "epkit/error.hpp"
 #include "epkit/moe/grouped_gemm.hpp"
-#include "moe/gemm/stream_config.hpp"
 
 namespace epkit::moe {
 
@@ -33,8 +32,8 @@ std::string to_string(const GemmConfig& c) {
 std::vector<GemmConfig> available_gemm_configs() {
   std::vector<GemmConfig> v;
 #define EPKIT_GEMM_CONFIG(id, swap, sched, tm, tn, cm, cn) v.push_back({tm, tn, 128, swap, GemmSchedule::sched, cm, cn});
+#define EPKIT_GEMM_OWN_CONFIG EPKIT_GEMM_CONFIG
 #include "moe/gemm/gemm_configs.def"
-  v.push_back(detail::kStreamGemmConfig);
   return v;
 }
 

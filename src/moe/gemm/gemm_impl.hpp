@@ -9,7 +9,6 @@
 #include <memory>
 
 #include "epkit/moe/grouped_gemm.hpp"
-#include "moe/gemm/stream_config.hpp"
 
 namespace epkit::moe::detail {
 
@@ -58,12 +57,10 @@ class GemmImpl {
   int device_ = 0;
 };
 
-// epkit's own weight-streaming kernel (src/moe/gemm/stream_grouped_gemm.cu), for any shape.
-std::unique_ptr<GemmImpl> make_stream_gemm(const GroupedGemmShape& shape, const GemmConfig& cfg);
-
-// One factory per compiled CUTLASS config, defined in src/moe/gemm/<id>.cu.
+// One factory per compiled config: CUTLASS's in src/moe/gemm/<id>.cu, epkit's own in their kernels' sources.
 #define EPKIT_GEMM_CONFIG(id, swap, sched, tm, tn, cm, cn) \
   std::unique_ptr<GemmImpl> make_gemm_##id(const GroupedGemmShape& shape);
+#define EPKIT_GEMM_OWN_CONFIG EPKIT_GEMM_CONFIG
 #include "moe/gemm/gemm_configs.def"
 
 }  // namespace epkit::moe::detail

@@ -521,8 +521,12 @@ class StreamGroupedGemm final : public GemmImpl {
 
 }  // namespace
 
-std::unique_ptr<GemmImpl> make_stream_gemm(const GroupedGemmShape& shape, const GemmConfig& cfg) {
-  return std::make_unique<StreamGroupedGemm>(shape, cfg);
-}
+// The factories of gemm_configs.def's own entries (this kernel is the only one).
+#define EPKIT_GEMM_CONFIG(id, swap, sched, tm, tn, cm, cn)
+#define EPKIT_GEMM_OWN_CONFIG(id, swap, sched, tm, tn, cm, cn)                                   \
+  std::unique_ptr<GemmImpl> make_gemm_##id(const GroupedGemmShape& shape) {                      \
+    return std::make_unique<StreamGroupedGemm>(shape, GemmConfig{tm, tn, 128, swap, GemmSchedule::sched, cm, cn}); \
+  }
+#include "moe/gemm/gemm_configs.def"
 
 }  // namespace epkit::moe::detail
