@@ -72,15 +72,18 @@ int expected_rows(const GroupedGemmShape& s) {
 
 }  // namespace
 
-// Decode (m <= 64) is bound by reading the weights once: swap-AB with a token tile that covers the
-// whole group (32 or 64), so no weight tile is loaded twice and the wgmma M side is full. Beyond 64
-// rows the work is compute-bound at m >= 256 and the 128 x 128 cooperative tile with the token tile
-// multicast over a 1 x 2 cluster is the FP8 peak candidate; the 1 x 1 cluster only where the feature
-// tiles per group are odd (the cluster would pad each group with an empty tile).
+// Decode (m <= 64) is bound by reading the weights once. Up to 32 rows per group: the own streaming
+// kernel (units from the device counts, every weight block read once whatever the spread of the
+// counts, split K for few experts); measured on one H100 against CUTLASS's swap-AB tiles in the same
+// run (docs/perf/grouped-gemm.md). 33-64 rows: CUTLASS swap-AB with the 64-token tile (the streaming
+// kernel's 64-token wgmma waits for each stage before promoting). Beyond 64 the work is compute-bound
+// at m >= 256 and the 128 x 128 cooperative tile with the token tile multicast over a 1 x 2 cluster is
+// the FP8 peak candidate; the 1 x 1 cluster only where the feature tiles per group are odd (the
+// cluster would pad each group with an empty tile).
 GemmConfig choose_gemm_config(const GroupedGemmShape& s) {
   validate(s);
   const int m = expected_rows(s);
-  if (m <= 32) return {128, 32, 128, true, GemmSchedule::kPingpong, 1, 1};
+  if (m <= 32) return {128, 64, 128, true, GemmSchedule::kStream, 1, 1};
   if (m <= 64) return {128, 64, 128, true, GemmSchedule::kPingpong, 1, 1};
   const int feature_tiles = (s.n + 127) / 128;
   if (feature_tiles % 2 == 0) return {128, 128, 128, false, GemmSchedule::kCooperative, 1, 2};
