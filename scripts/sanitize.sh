@@ -24,7 +24,8 @@
 #   a2a_w4   test_all_to_all --dp 1, 4 PEs: split phases
 #   router   moe_test_router (every test; racecheck/synccheck: DeepSeek grouped and Mixtral softmax top-k)
 #   quant    moe_test_quant (activations and weights)
-#   gemm     moe_test_grouped_gemm, one process per compiled config (--gemm-config): masked uneven
+#   gemm     moe_test_grouped_gemm, one process per compiled config (--gemm-config; SANITIZE_GEMM_CONFIGS
+#            picks some): masked uneven
 #            counts and packed unaligned offsets (memcheck adds the clamped-count and graph-replay tests)
 #   silu_mul_quant  moe_test_activation (racecheck/synccheck: masked and packed)
 #   layer    test_moe_layer --quick, world size 1 single-process, one process per schedule (none,
@@ -77,8 +78,9 @@ mkdir -p "$OUT"
 STEPS=()
 A2A="$BUILD/tests/gpu/test_all_to_all"
 GEMM_BIN="$BUILD/tests/moe/moe_test_grouped_gemm"
-gemm_configs() {  # the compiled configs, from the build's own list
-  grep -E '^EPKIT_GEMM_CONFIG\(' src/moe/gemm/gemm_configs.def | sed -E 's/^EPKIT_GEMM_CONFIG\(([a-z0-9_]+),.*/\1/'
+gemm_configs() {  # SANITIZE_GEMM_CONFIGS, else every compiled config (CUTLASS's and epkit's own) from the one list
+  if [ -n "${SANITIZE_GEMM_CONFIGS:-}" ]; then echo "$SANITIZE_GEMM_CONFIGS"; return; fi
+  grep -E '^EPKIT_GEMM(_OWN)?_CONFIG\(' src/moe/gemm/gemm_configs.def | sed -E 's/^EPKIT_GEMM(_OWN)?_CONFIG\(([a-z0-9_]+),.*/\2/'
 }
 add() { STEPS+=("$1|$2|$3|$4|$5|$6"); }
 for tool in "${TOOLS[@]}"; do
