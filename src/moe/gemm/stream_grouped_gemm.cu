@@ -26,11 +26,13 @@
 //   mma.sync was bound by the legacy tensor path: sm_90 has no e4m3 mma.sync, its f16 HMMA with fp32
 //   accumulation ran at ~240 TFLOP/s on an H100, 56-59% of HBM at 64 tokens.)
 // - The epilogue writes bf16 straight from the accumulators, only rows < count and features < N.
-// - Split K where the units are too few for the grid (at most half the CTAs: the shared expert, G = 1,
-//   or a handful of experts): each unit's K blocks are cut into up to gridDim / units parts of at least
-//   14 blocks, each part stores its fp32 tile to a workspace slot, and the part that takes the last
-//   ticket of the unit's arrival counter sums the parts in part order (deterministic) and writes the
-//   output, then zeroes the counter for the next run. The choice is made on the device from the counts.
+// - Split K for the last, partial wave of units when it fills at most half the grid (all units for
+//   the shared expert, G = 1, or a handful of experts; the tail of 1.45 waves for 6 active experts):
+//   the units of the full waves run whole, each tail unit's K blocks are cut into up to
+//   gridDim / tail parts of at least 14 blocks, each part stores its fp32 tile to a workspace slot,
+//   and the part that takes the last ticket of the unit's arrival counter sums the parts in part order
+//   (deterministic) and writes the output, then zeroes the counter for the next run. The cut is made
+//   on the device from the counts (stream_schedule.hpp).
 //
 // Counts are clamped and reported exactly as the CUTLASS path does (masked: to [0, rows]; packed: a
 // group outside [0, min(offsets[g + 1], R)) is skipped). No wait depends on another CTA or on the
@@ -208,8 +210,7 @@ __device__ __forceinline__ uint16_t to_bf16(float x) {
 // position after it. Warpgroup wg owns weight rows 64 wg .. 64 wg + 63 of the block; warp w of it rows
 // 16 w .. 16 w + 15 of those in its accumulator fragment.
 template <int NT>
-__device__ __forceinline__ int consume_unit(const StreamParams& p, const Unit& unit, int splits, int unit_index,
-                                            int row0, uint8_t* ring, uint64_t* full, uint64_t* empty, int* last_flag,
+__device__ __forceinline__ int consume_unit(const StreamParams& p, const Unit& unit, int row0, uint8_t* ring, uint64_t* full, uint64_t* empty, int* last_flag,
                                             int it) {
   constexpr int kN = NT * 8;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, wg = warp >> 2;
@@ -261,30 +262,31 @@ __device__ __forceinline__ int consume_unit(const StreamParams& p, const Unit& u
       for (int i = 0; i < 4; ++i) total[j * 4 + i] = fmaf(acc[j * 4 + i], wscale * tscale[j][i & 1], total[j * 4 + i]);
   }
 
-  if (splits > 1) {
+  if (unit.parts > 1) {
     // Split K: every part stores its tile (each thread its own NT * 4 values, in fragment order); the
     // part that arrives last sums the parts in part order (deterministic) and writes the output.
     const int consumer = threadIdx.x;
     float4* mine = reinterpret_cast<float4*>(
-        p.partials + (static_cast<int64_t>(unit_index) * kConsumerThreads + consumer) * kSlotFloats);
+        p.partials + (static_cast<int64_t>(unit.slot) * kConsumerThreads + consumer) * kSlotFloats);
 #pragma unroll
     for (int j = 0; j < NT; ++j)
       __stcg(mine + j, make_float4(total[j * 4], total[j * 4 + 1], total[j * 4 + 2], total[j * 4 + 3]));
     __threadfence();
     asm volatile("bar.sync 1, %0;" ::"n"(kConsumerThreads) : "memory");
     if (consumer == 0) {
-      const uint32_t ticket = atomicAdd(p.arrivals + unit.base, 1u);
-      *last_flag = ticket == static_cast<uint32_t>(splits - 1);
-      if (ticket == static_cast<uint32_t>(splits - 1)) p.arrivals[unit.base] = 0;  // ready for the next run
+      const uint32_t ticket = atomicAdd(p.arrivals + unit.ticket, 1u);
+      *last_flag = ticket == static_cast<uint32_t>(unit.parts - 1);
+      if (ticket == static_cast<uint32_t>(unit.parts - 1)) p.arrivals[unit.ticket] = 0;  // ready for the next run
     }
     asm volatile("bar.sync 1, %0;" ::"n"(kConsumerThreads) : "memory");
     if (!*last_flag) return it;
     __threadfence();
 #pragma unroll
     for (int i = 0; i < NT * 4; ++i) total[i] = 0.f;
-    for (int part = 0; part < splits; ++part) {
+    const int slot0 = unit.slot - unit.slot % unit.parts;
+    for (int part = 0; part < unit.parts; ++part) {
       const float4* src = reinterpret_cast<const float4*>(
-          p.partials + (static_cast<int64_t>(unit.base * splits + part) * kConsumerThreads + consumer) * kSlotFloats);
+          p.partials + (static_cast<int64_t>(slot0 + part) * kConsumerThreads + consumer) * kSlotFloats);
 #pragma unroll
       for (int j = 0; j < NT; ++j) {
         const float4 v = __ldcg(src + j);
@@ -356,18 +358,19 @@ __global__ void __launch_bounds__(kThreads, 1) stream_grouped_gemm_kernel(const 
     if (lane == 0) prefix[0] = 0;
   }
   __syncthreads();
-  // Fewer unsplit units than half the CTAs (the shared expert, a few experts at decode): split K so
-  // that every CTA streams weights, down to 4 K blocks a part. Every CTA computes the same value.
+  // A last wave of at most half the CTAs (all of the units for the shared expert or a few experts at
+  // decode) is split along K so that every CTA streams weights (stream::choose_split). Every CTA
+  // computes the same cut.
   const int S = p.k / kStageK;
   const int base_units = prefix[G];
-  const int splits = stream::choose_splits(base_units, static_cast<int>(gridDim.x), S);
-  const int units = base_units * splits;
+  const stream::Split split = stream::choose_split(base_units, static_cast<int>(gridDim.x), S);
+  const int units = split.units();
 
   if (warp == kConsumerWarps) {  // producer
     if (lane != 0) return;
     int it = 0;
     for (int u = blockIdx.x; u < units; u += gridDim.x) {
-      const Unit unit = stream::decode_unit(u, splits, S, prefix, counts, G);
+      const Unit unit = stream::decode_unit(u, split, S, prefix, counts, G);
       const int tiles = (unit.ntok + 7) / 8;
       const uint32_t bytes = kWeightTileBytes + tiles * kTokenTileBytes;
       const int wrow = unit.g * p.n + unit.nb * kBlockRows;
@@ -390,13 +393,13 @@ __global__ void __launch_bounds__(kThreads, 1) stream_grouped_gemm_kernel(const 
   int it = 0;
   int* last_flag = counts + G;
   for (int u = blockIdx.x; u < units; u += gridDim.x) {
-    const Unit unit = stream::decode_unit(u, splits, S, prefix, counts, G);
+    const Unit unit = stream::decode_unit(u, split, S, prefix, counts, G);
     const int row0 = row0s[unit.g];
     const int tiles = (unit.ntok + 7) / 8;
-    if (tiles <= 1) it = consume_unit<1>(p, unit, splits, u, row0, ring, full, empty, last_flag, it);
-    else if (tiles <= 2) it = consume_unit<2>(p, unit, splits, u, row0, ring, full, empty, last_flag, it);
-    else if (tiles <= 4) it = consume_unit<4>(p, unit, splits, u, row0, ring, full, empty, last_flag, it);
-    else it = consume_unit<8>(p, unit, splits, u, row0, ring, full, empty, last_flag, it);
+    if (tiles <= 1) it = consume_unit<1>(p, unit, row0, ring, full, empty, last_flag, it);
+    else if (tiles <= 2) it = consume_unit<2>(p, unit, row0, ring, full, empty, last_flag, it);
+    else if (tiles <= 4) it = consume_unit<4>(p, unit, row0, ring, full, empty, last_flag, it);
+    else it = consume_unit<8>(p, unit, row0, ring, full, empty, last_flag, it);
   }
 }
 
