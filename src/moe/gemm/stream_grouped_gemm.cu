@@ -15,9 +15,10 @@
 //   Each CTA (one per SM, persistent) builds that prefix in shared memory from the counts and takes
 //   units blockIdx.x, blockIdx.x + gridDim.x, ...; every unit streams one 128 x K weight block, so the
 //   split is even whatever the counts.
-// - One producer warp issues TMA loads of a stage (the unit's 128 x 128 weight tile, 16 KB, and one
-//   8 x 128 token tile per 8 of the chunk's rows) into an 8-deep ring with mbarriers, running ahead
-//   across units, so the ring fills once per CTA, not once per tile.
+// - One producer warp issues two TMA loads per stage (the unit's 128 x 128 weight tile, 16 KB, and an
+//   N x 128 token tile, N the chunk's rows rounded up to 8, 16, 32 or 64: one tensor map per width)
+//   into an 8-deep ring with mbarriers, running ahead across units, so the ring fills once per CTA,
+//   not once per tile.
 // - Two consumer warpgroups each own 64 of the block's 128 weight rows: per stage four wgmma
 //   m64nNk32 e4m3 (N = 8, 16, 32 or 64: the chunk's rows rounded up, chosen per unit from the device
 //   count), both operands straight from the swizzled stage, then wait and promote: total +=
@@ -64,7 +65,7 @@ constexpr int kSlotFloats = 32;      // split K: per consumer thread, the accumu
 constexpr int kThreads = (kConsumerWarps + 1) * 32;
 constexpr int kStages = 8;
 constexpr int kWeightTileBytes = kBlockRows * kStageK;  // 16 KB
-constexpr int kTokenTileBytes = 8 * kStageK;            // one 8-row TMA box, 1 KB
+constexpr int kTokenTileBytes = 8 * kStageK;            // 8 token rows, 1 KB (one 128-byte swizzle atom)
 constexpr int kStageBytes = kWeightTileBytes + (kChunkRows / 8) * kTokenTileBytes;  // 24 KB
 // Shared memory: the ring, the 2 x kStages barriers, then per group the unit prefix (G + 1), the first
 // token row and the clamped count, the split-K flag; 1 KB of slack to align the ring to the 128-byte swizzle's 1 KB atom.
@@ -75,7 +76,7 @@ size_t smem_bytes(int groups) {
 
 struct StreamParams {  // CUtensorMap is 64-byte aligned itself
   CUtensorMap weights;  // [G * N, K] fp8, box 128 x 128, 128-byte swizzle
-  CUtensorMap tokens;   // [G * rows (masked) or R (packed), K] fp8, box 8 x 128, 128-byte swizzle
+  CUtensorMap tokens[4];  // [G * rows (masked) or R (packed), K] fp8, boxes (8 << i) x 128, 128-byte swizzle
   const float* a_scale;
   const float* b_scale;
   uint16_t* d;
@@ -200,6 +201,9 @@ struct Wgmma<64> {
 
 #undef EPKIT_WGMMA_OPEN
 #undef EPKIT_WGMMA_CLOSE
+
+// The wgmma width of a chunk of ntok rows: N = 8 << index (8, 16, 32, 64), the rows rounded up.
+__device__ __forceinline__ int token_width_index(int ntok) { return ntok <= 8 ? 0 : ntok <= 16 ? 1 : ntok <= 32 ? 2 : 3; }
 
 __device__ __forceinline__ uint16_t to_bf16(float x) {
   const __nv_bfloat16 h = __float2bfloat16_rn(x);
@@ -371,8 +375,10 @@ __global__ void __launch_bounds__(kThreads, 1) stream_grouped_gemm_kernel(const 
     int it = 0;
     for (int u = blockIdx.x; u < units; u += gridDim.x) {
       const Unit unit = stream::decode_unit(u, split, S, prefix, counts, G);
-      const int tiles = (unit.ntok + 7) / 8;
-      const uint32_t bytes = kWeightTileBytes + tiles * kTokenTileBytes;
+      // One token box of the unit's wgmma width (8, 16, 32 or 64 rows; rows past the chunk are read
+      // but feed only output columns that are never written, rows past the tensor read as zeros).
+      const int width = token_width_index(unit.ntok);
+      const uint32_t bytes = kWeightTileBytes + (kTokenTileBytes << width);
       const int wrow = unit.g * p.n + unit.nb * kBlockRows;
       const int trow = row0s[unit.g] + unit.tok0;
       for (int kb = unit.kb0; kb < unit.kb1; ++kb, ++it) {
@@ -383,8 +389,7 @@ __global__ void __launch_bounds__(kThreads, 1) stream_grouped_gemm_kernel(const 
         mbar_expect_tx(bar, bytes);
         const uint32_t dst = smem_addr(ring + static_cast<size_t>(s) * kStageBytes);
         tma_load(dst, &p.weights, kb * kStageK, wrow, bar);
-        for (int t = 0; t < tiles; ++t)
-          tma_load(dst + kWeightTileBytes + t * kTokenTileBytes, &p.tokens, kb * kStageK, trow + t * 8, bar);
+        tma_load(dst + kWeightTileBytes, &p.tokens[width], kb * kStageK, trow, bar);
       }
     }
     return;
@@ -395,11 +400,12 @@ __global__ void __launch_bounds__(kThreads, 1) stream_grouped_gemm_kernel(const 
   for (int u = blockIdx.x; u < units; u += gridDim.x) {
     const Unit unit = stream::decode_unit(u, split, S, prefix, counts, G);
     const int row0 = row0s[unit.g];
-    const int tiles = (unit.ntok + 7) / 8;
-    if (tiles <= 1) it = consume_unit<1>(p, unit, row0, ring, full, empty, last_flag, it);
-    else if (tiles <= 2) it = consume_unit<2>(p, unit, row0, ring, full, empty, last_flag, it);
-    else if (tiles <= 4) it = consume_unit<4>(p, unit, row0, ring, full, empty, last_flag, it);
-    else it = consume_unit<8>(p, unit, row0, ring, full, empty, last_flag, it);
+    switch (token_width_index(unit.ntok)) {
+      case 0: it = consume_unit<1>(p, unit, row0, ring, full, empty, last_flag, it); break;
+      case 1: it = consume_unit<2>(p, unit, row0, ring, full, empty, last_flag, it); break;
+      case 2: it = consume_unit<4>(p, unit, row0, ring, full, empty, last_flag, it); break;
+      default: it = consume_unit<8>(p, unit, row0, ring, full, empty, last_flag, it); break;
+    }
   }
 }
 
@@ -470,12 +476,12 @@ class StreamGroupedGemm final : public GemmImpl {
     const uint64_t token_rows = packed ? static_cast<uint64_t>(s.rows) : static_cast<uint64_t>(s.num_groups) * s.rows;
     // No token rows: every count clamps to 0 (or its group is skipped), so no unit reads the map.
     if (token_rows > 0 && l.a != tokens_base_) {
-      encode(&tokens_map_, l.a, token_rows, 8);
+      for (int i = 0; i < 4; ++i) encode(&tokens_map_[i], l.a, token_rows, 8u << i);
       tokens_base_ = l.a;
     }
     StreamParams p{};
     p.weights = weights_map_;
-    p.tokens = tokens_map_;
+    for (int i = 0; i < 4; ++i) p.tokens[i] = tokens_map_[i];
     p.a_scale = l.a_scale;
     p.b_scale = l.b_scale;
     p.d = l.d;
@@ -510,7 +516,7 @@ class StreamGroupedGemm final : public GemmImpl {
                 static_cast<int>(r), ") for a [", rows, ", ", shape_.k, "] operand");
   }
 
-  CUtensorMap weights_map_{}, tokens_map_{};
+  CUtensorMap weights_map_{}, tokens_map_[4]{};
   const void* weights_base_ = nullptr;
   const void* tokens_base_ = nullptr;
   int sm_count_ = 0;
