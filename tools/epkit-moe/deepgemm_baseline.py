@@ -353,7 +353,8 @@ def main():
 
     meta["deepgemm"] = dict(package=DEEPGEMM_PIN, version=getattr(dg, "__version__", "?"), num_sms=dg.get_num_sms(),
                             mk_alignment=dg.get_mk_alignment_for_contiguous_layout(),
-                            epkit=("timed in the same process, interleaved" if ep is not None else f"not timed: {ep_why}"))
+                            epkit=("timed in the same process, interleaved" if ep is not None else f"not timed: {ep_why}"),
+                            command=" ".join(["tools/epkit-moe/deepgemm_baseline.py"] + sys.argv[1:]))
     meta.setdefault("torch", torch.__version__)
     if args.jit_workers > 0:
         prewarm_jit(all_cases, args.jit_workers, os.environ.get("DG_JIT_CACHE_DIR", ""))
