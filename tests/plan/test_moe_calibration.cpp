@@ -120,6 +120,27 @@ TEST(PlanMoeCalibration, EachRowKindIsDetectedOnItsOwn) {
             std::string::npos);
 }
 
+// deepgemm_baseline.py's rows of epkit's default config ("<shape> masked", system epkit_vs_deepgemm)
+// stand for epkit-moe's own row of the point where the file has none; its uneven rows and DeepGEMM's
+// are left out.
+TEST(PlanMoeCalibration, EpkitRowsTimedBesideDeepGemmCountWhereTheFileHasNoOwnRow) {
+  const ModelSpec m = load_model("deepseek-v3");
+  const Calibration cal = calibration_from_json(
+      doc(gemm_row("up_gate masked", 8, 16, 4096, 7168, 50, "epkit_vs_deepgemm") + "," +
+          gemm_row("up_gate masked", 8, 16, 4096, 7168, 55, "deepgemm") + "," +
+          gemm_row("up_gate masked uneven", 8, 16, 4096, 7168, 52, "epkit_vs_deepgemm") + "," +
+          gemm_row("down masked", 8, 16, 7168, 2048, 30, "epkit_vs_deepgemm") + "," +
+          gemm_row("down", 8, 16, 7168, 2048, 31)),
+      m);
+  ASSERT_EQ(cal.kernels.size(), 2u);
+  EXPECT_EQ(cal.kernel_rows_ignored, 3);  // DeepGEMM's, the uneven one, and the down row the file has itself
+  for (const auto& k : cal.kernels) {
+    if (k.variant == "up_gate") EXPECT_DOUBLE_EQ(k.us, 50);
+    else if (k.variant == "down") EXPECT_DOUBLE_EQ(k.us, 31);  // epkit-moe's own row wins
+    else ADD_FAILURE() << "unexpected variant " << k.variant;
+  }
+}
+
 TEST(PlanMoeCalibration, MalformedRowsNameTheField) {
   const ModelSpec m = load_model("deepseek-v3");
   auto msg = [&](const Json& j) { return error_of([&] { calibration_from_json(j, m); }); };
