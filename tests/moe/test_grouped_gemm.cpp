@@ -266,21 +266,6 @@ TEST(GroupedGemm, LongReduction) {
   run_all_configs("masked K=7168", make_case(moe_test::case_seed(3), masked(2, 256, 7168, 40), {40, 17}));
 }
 
-// Units of one 128-row weight block for 1.27 waves of the device's SMs, K 3584: the streaming kernel
-// runs the first wave whole and cuts each unit of the partial last wave into 2 K parts (workspace
-// slots, arrival tickets and the in-order sum of the parts after whole units on the same CTA).
-TEST(GroupedGemm, PartialLastWaveSplitK) {
-  int dev = 0, sms = 0;
-  CUDA_OK(cudaGetDevice(&dev));
-  CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  const int G = (sms + sms / 4 + 7) / 8;  // 8 weight blocks per group, one unit each
-  std::mt19937_64 rng(moe_test::case_seed(20));
-  std::vector<int32_t> counts(G);
-  for (auto& c : counts) c = std::uniform_int_distribution<int>(1, 6)(rng);
-  counts[G - 1] = 64;
-  run_all_configs("masked partial last wave", make_case(moe_test::case_seed(21), masked(G, 1024, 3584, 64), counts));
-}
-
 TEST(GroupedGemm, SingleGroup) {
   run_all_configs("masked G=1 rows=130", make_case(moe_test::case_seed(4), masked(1, 256, 384, 130), {130}));
 }

@@ -345,28 +345,21 @@ TEST(StreamGemmSchedule, UnitsCoverEveryBlockRowAndKBlockOnce) {
       counts[g] = r < 3 ? 0 : r < 6 ? 1 + static_cast<int>(rng() % 64) : 1 + static_cast<int>(rng() % 300);
       prefix[g + 1] = prefix[g] + st::group_units(counts[g], n);
     }
-    const int base = prefix[G];
-    const st::Split sp = st::choose_split(base, grid, S);
+    const int base = prefix[G], splits = st::choose_splits(base, grid, S);
     SCOPED_TRACE("G=" + std::to_string(G) + " n=" + std::to_string(n) + " S=" + std::to_string(S) +
-                 " grid=" + std::to_string(grid) + " units=" + std::to_string(base) + " full=" +
-                 std::to_string(sp.full) + " parts=" + std::to_string(sp.parts));
-    EXPECT_EQ(sp.full + sp.tail, base);
-    if (base == 0 || 2 * (base % grid) > grid || base % grid == 0) EXPECT_EQ(sp.parts, 1);
-    if (sp.parts > 1) {
-      EXPECT_EQ(sp.full % grid, 0);               // whole waves run unsplit
-      EXPECT_LE(sp.tail * sp.parts, grid);        // one workspace slot per CTA suffices
-      EXPECT_GE(S / sp.parts, st::kMinPartBlocks);
-    } else {
-      EXPECT_EQ(sp.full, base);
+                 " grid=" + std::to_string(grid) + " units=" + std::to_string(base) + " splits=" + std::to_string(splits));
+    if (2 * base > grid || base == 0) EXPECT_EQ(splits, 1);
+    if (splits > 1) {
+      EXPECT_LE(base * splits, grid);          // one workspace slot per CTA suffices
+      EXPECT_GE(S / splits, st::kMinPartBlocks);
     }
     const int NB = (n + 127) / 128;
     std::vector<int> hits;  // [g][nb][row][kb], flattened per group
     std::vector<size_t> at(G + 1, 0);
     for (int g = 0; g < G; ++g) at[g + 1] = at[g] + static_cast<size_t>(NB) * counts[g] * S;
     hits.assign(at[G], 0);
-    std::vector<int> slots(grid, 0), tickets(grid, 0);
-    for (int u = 0; u < sp.units(); ++u) {
-      const st::Unit x = st::decode_unit(u, sp, S, prefix.data(), counts.data(), G);
+    for (int u = 0; u < base * splits; ++u) {
+      const st::Unit x = st::decode_unit(u, splits, S, prefix.data(), counts.data(), G);
       ASSERT_GE(x.g, 0);
       ASSERT_LT(x.g, G);
       ASSERT_GT(counts[x.g], 0) << "unit " << u << " in an empty group";
@@ -376,54 +369,25 @@ TEST(StreamGemmSchedule, UnitsCoverEveryBlockRowAndKBlockOnce) {
       ASSERT_LE(x.ntok, st::kChunkRows);
       ASSERT_EQ(x.tok0 % st::kChunkRows, 0);
       ASSERT_LE(x.tok0 + x.ntok, counts[x.g]);
-      if (u < sp.full) {
-        ASSERT_EQ(x.base, u);
-        ASSERT_EQ(x.parts, 1);
-        ASSERT_EQ(x.slot, -1);
-        ASSERT_EQ(x.ticket, -1);
-      } else {
-        ASSERT_EQ(x.base, sp.full + (u - sp.full) / sp.parts);
-        ASSERT_EQ(x.parts, sp.parts);
-        ASSERT_GE(x.slot, 0);
-        ASSERT_LT(x.slot, grid);
-        ASSERT_GE(x.ticket, 0);
-        ASSERT_LT(x.ticket, grid);
-        ++slots[x.slot];
-        ++tickets[x.ticket];
-        // The last arrival reads the unit's parts at slots [slot - slot % parts, + parts).
-        ASSERT_EQ(x.slot / x.parts, x.ticket);
-      }
+      ASSERT_EQ(x.base, u / splits);
       ASSERT_LT(x.kb0, x.kb1);
       for (int r = x.tok0; r < x.tok0 + x.ntok; ++r)
         for (int kb = x.kb0; kb < x.kb1; ++kb)
           ++hits[at[x.g] + (static_cast<size_t>(x.nb) * counts[x.g] + r) * S + kb];
     }
     for (size_t i = 0; i < hits.size(); ++i) ASSERT_EQ(hits[i], 1) << "element " << i;
-    for (int i = 0; i < grid; ++i) {
-      ASSERT_LE(slots[i], 1) << "slot " << i << " shared by two parts";
-      ASSERT_EQ(tickets[i], i < sp.tail && sp.parts > 1 ? sp.parts : 0) << "counter " << i;
-    }
   }
 }
 
-// The shapes that split: the shared expert (G = 1) at decode on 132 SMs, a few active experts, and the
-// partial last wave of 6 active experts (192 units of up/gate).
-TEST(StreamGemmSchedule, PartialWavesSplitK) {
+// The shapes that split: the shared expert (G = 1) at decode on 132 SMs, and a few active experts.
+TEST(StreamGemmSchedule, FewUnitsSplitK) {
   namespace st = detail::stream;
-  auto parts = [](int units, int S) { return st::choose_split(units, 132, S).parts; };
-  EXPECT_EQ(parts(st::group_units(1, 4096), 56), 4);   // 32 units: 4 parts of 14 blocks
-  EXPECT_EQ(parts(st::group_units(1, 7168), 16), 1);   // K 2048: parts would be too short
-  EXPECT_EQ(parts(2 * st::group_units(32, 7168), 16), 1);  // 112 units, more than half a wave: no split
-  EXPECT_EQ(parts(2 * st::group_units(8, 4096), 56), 2);
-  EXPECT_EQ(parts(1, 56), 4);  // capped at 14 blocks a part
-  EXPECT_EQ(parts(0, 56), 1);
-  const st::Split six = st::choose_split(6 * st::group_units(40, 4096), 132, 56);  // 192 units
-  EXPECT_EQ(six.full, 132);
-  EXPECT_EQ(six.tail, 60);
-  EXPECT_EQ(six.parts, 2);
-  EXPECT_EQ(six.units(), 252);  // 1.45 waves of 56 blocks become 1 of 56 and 1 of 28
-  EXPECT_EQ(st::choose_split(256, 132, 56).parts, 1);  // 124 of 132 in the last wave
-  EXPECT_EQ(st::choose_split(264, 132, 56).parts, 1);  // whole waves
+  EXPECT_EQ(st::choose_splits(st::group_units(1, 4096), 132, 56), 4);   // 32 units: 4 parts of 14 blocks
+  EXPECT_EQ(st::choose_splits(st::group_units(1, 7168), 132, 16), 1);   // K 2048: parts would be too short
+  EXPECT_EQ(st::choose_splits(2 * st::group_units(32, 7168), 132, 16), 1);  // 112 units, more than half: no split
+  EXPECT_EQ(st::choose_splits(2 * st::group_units(8, 4096), 132, 56), 2);
+  EXPECT_EQ(st::choose_splits(1, 132, 56), 4);  // capped at 14 blocks a part
+  EXPECT_EQ(st::choose_splits(0, 132, 56), 1);
 }
 
 }  // namespace

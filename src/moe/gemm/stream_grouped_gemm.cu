@@ -15,10 +15,9 @@
 //   Each CTA (one per SM, persistent) builds that prefix in shared memory from the counts and takes
 //   units blockIdx.x, blockIdx.x + gridDim.x, ...; every unit streams one 128 x K weight block, so the
 //   split is even whatever the counts.
-// - One producer warp issues two TMA loads per stage (the unit's 128 x 128 weight tile, 16 KB, and an
-//   N x 128 token tile, N the chunk's rows rounded up to 8, 16, 32 or 64: one tensor map per width)
-//   into an 8-deep ring with mbarriers, running ahead across units, so the ring fills once per CTA,
-//   not once per tile.
+// - One producer warp issues TMA loads of a stage (the unit's 128 x 128 weight tile, 16 KB, and one
+//   8 x 128 token tile per 8 of the chunk's rows) into an 8-deep ring with mbarriers, running ahead
+//   across units, so the ring fills once per CTA, not once per tile.
 // - Two consumer warpgroups each own 64 of the block's 128 weight rows: per stage four wgmma
 //   m64nNk32 e4m3 (N = 8, 16, 32 or 64: the chunk's rows rounded up, chosen per unit from the device
 //   count), both operands straight from the swizzled stage, then wait and promote: total +=
@@ -27,13 +26,11 @@
 //   mma.sync was bound by the legacy tensor path: sm_90 has no e4m3 mma.sync, its f16 HMMA with fp32
 //   accumulation ran at ~240 TFLOP/s on an H100, 56-59% of HBM at 64 tokens.)
 // - The epilogue writes bf16 straight from the accumulators, only rows < count and features < N.
-// - Split K for the last, partial wave of units when it fills at most half the grid (all units for
-//   the shared expert, G = 1, or a handful of experts; the tail of 1.45 waves for 6 active experts):
-//   the units of the full waves run whole, each tail unit's K blocks are cut into up to
-//   gridDim / tail parts of at least 14 blocks, each part stores its fp32 tile to a workspace slot,
-//   and the part that takes the last ticket of the unit's arrival counter sums the parts in part order
-//   (deterministic) and writes the output, then zeroes the counter for the next run. The cut is made
-//   on the device from the counts (stream_schedule.hpp).
+// - Split K where the units are too few for the grid (at most half the CTAs: the shared expert, G = 1,
+//   or a handful of experts): each unit's K blocks are cut into up to gridDim / units parts of at least
+//   14 blocks, each part stores its fp32 tile to a workspace slot, and the part that takes the last
+//   ticket of the unit's arrival counter sums the parts in part order (deterministic) and writes the
+//   output, then zeroes the counter for the next run. The choice is made on the device from the counts.
 //
 // Counts are clamped and reported exactly as the CUTLASS path does (masked: to [0, rows]; packed: a
 // group outside [0, min(offsets[g + 1], R)) is skipped). No wait depends on another CTA or on the
@@ -65,7 +62,7 @@ constexpr int kSlotFloats = 32;      // split K: per consumer thread, the accumu
 constexpr int kThreads = (kConsumerWarps + 1) * 32;
 constexpr int kStages = 8;
 constexpr int kWeightTileBytes = kBlockRows * kStageK;  // 16 KB
-constexpr int kTokenTileBytes = 8 * kStageK;            // 8 token rows, 1 KB (one 128-byte swizzle atom)
+constexpr int kTokenTileBytes = 8 * kStageK;            // one 8-row TMA box, 1 KB
 constexpr int kStageBytes = kWeightTileBytes + (kChunkRows / 8) * kTokenTileBytes;  // 24 KB
 // Shared memory: the ring, the 2 x kStages barriers, then per group the unit prefix (G + 1), the first
 // token row and the clamped count, the split-K flag; 1 KB of slack to align the ring to the 128-byte swizzle's 1 KB atom.
@@ -76,7 +73,7 @@ size_t smem_bytes(int groups) {
 
 struct StreamParams {  // CUtensorMap is 64-byte aligned itself
   CUtensorMap weights;  // [G * N, K] fp8, box 128 x 128, 128-byte swizzle
-  CUtensorMap tokens[4];  // [G * rows (masked) or R (packed), K] fp8, boxes (8 << i) x 128, 128-byte swizzle
+  CUtensorMap tokens;   // [G * rows (masked) or R (packed), K] fp8, box 8 x 128, 128-byte swizzle
   const float* a_scale;
   const float* b_scale;
   uint16_t* d;
@@ -202,9 +199,6 @@ struct Wgmma<64> {
 #undef EPKIT_WGMMA_OPEN
 #undef EPKIT_WGMMA_CLOSE
 
-// The wgmma width of a chunk of ntok rows: N = 8 << index (8, 16, 32, 64), the rows rounded up.
-__device__ __forceinline__ int token_width_index(int ntok) { return ntok <= 8 ? 0 : ntok <= 16 ? 1 : ntok <= 32 ? 2 : 3; }
-
 __device__ __forceinline__ uint16_t to_bf16(float x) {
   const __nv_bfloat16 h = __float2bfloat16_rn(x);
   return *reinterpret_cast<const uint16_t*>(&h);
@@ -214,7 +208,8 @@ __device__ __forceinline__ uint16_t to_bf16(float x) {
 // position after it. Warpgroup wg owns weight rows 64 wg .. 64 wg + 63 of the block; warp w of it rows
 // 16 w .. 16 w + 15 of those in its accumulator fragment.
 template <int NT>
-__device__ __forceinline__ int consume_unit(const StreamParams& p, const Unit& unit, int row0, uint8_t* ring, uint64_t* full, uint64_t* empty, int* last_flag,
+__device__ __forceinline__ int consume_unit(const StreamParams& p, const Unit& unit, int splits, int unit_index,
+                                            int row0, uint8_t* ring, uint64_t* full, uint64_t* empty, int* last_flag,
                                             int it) {
   constexpr int kN = NT * 8;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, wg = warp >> 2;
@@ -266,31 +261,30 @@ __device__ __forceinline__ int consume_unit(const StreamParams& p, const Unit& u
       for (int i = 0; i < 4; ++i) total[j * 4 + i] = fmaf(acc[j * 4 + i], wscale * tscale[j][i & 1], total[j * 4 + i]);
   }
 
-  if (unit.parts > 1) {
+  if (splits > 1) {
     // Split K: every part stores its tile (each thread its own NT * 4 values, in fragment order); the
     // part that arrives last sums the parts in part order (deterministic) and writes the output.
     const int consumer = threadIdx.x;
     float4* mine = reinterpret_cast<float4*>(
-        p.partials + (static_cast<int64_t>(unit.slot) * kConsumerThreads + consumer) * kSlotFloats);
+        p.partials + (static_cast<int64_t>(unit_index) * kConsumerThreads + consumer) * kSlotFloats);
 #pragma unroll
     for (int j = 0; j < NT; ++j)
       __stcg(mine + j, make_float4(total[j * 4], total[j * 4 + 1], total[j * 4 + 2], total[j * 4 + 3]));
     __threadfence();
     asm volatile("bar.sync 1, %0;" ::"n"(kConsumerThreads) : "memory");
     if (consumer == 0) {
-      const uint32_t ticket = atomicAdd(p.arrivals + unit.ticket, 1u);
-      *last_flag = ticket == static_cast<uint32_t>(unit.parts - 1);
-      if (ticket == static_cast<uint32_t>(unit.parts - 1)) p.arrivals[unit.ticket] = 0;  // ready for the next run
+      const uint32_t ticket = atomicAdd(p.arrivals + unit.base, 1u);
+      *last_flag = ticket == static_cast<uint32_t>(splits - 1);
+      if (ticket == static_cast<uint32_t>(splits - 1)) p.arrivals[unit.base] = 0;  // ready for the next run
     }
     asm volatile("bar.sync 1, %0;" ::"n"(kConsumerThreads) : "memory");
     if (!*last_flag) return it;
     __threadfence();
 #pragma unroll
     for (int i = 0; i < NT * 4; ++i) total[i] = 0.f;
-    const int slot0 = unit.slot - unit.slot % unit.parts;
-    for (int part = 0; part < unit.parts; ++part) {
+    for (int part = 0; part < splits; ++part) {
       const float4* src = reinterpret_cast<const float4*>(
-          p.partials + (static_cast<int64_t>(slot0 + part) * kConsumerThreads + consumer) * kSlotFloats);
+          p.partials + (static_cast<int64_t>(unit.base * splits + part) * kConsumerThreads + consumer) * kSlotFloats);
 #pragma unroll
       for (int j = 0; j < NT; ++j) {
         const float4 v = __ldcg(src + j);
@@ -362,23 +356,20 @@ __global__ void __launch_bounds__(kThreads, 1) stream_grouped_gemm_kernel(const 
     if (lane == 0) prefix[0] = 0;
   }
   __syncthreads();
-  // A last wave of at most half the CTAs (all of the units for the shared expert or a few experts at
-  // decode) is split along K so that every CTA streams weights (stream::choose_split). Every CTA
-  // computes the same cut.
+  // Fewer unsplit units than half the CTAs (the shared expert, a few experts at decode): split K so
+  // that every CTA streams weights, down to 4 K blocks a part. Every CTA computes the same value.
   const int S = p.k / kStageK;
   const int base_units = prefix[G];
-  const stream::Split split = stream::choose_split(base_units, static_cast<int>(gridDim.x), S);
-  const int units = split.units();
+  const int splits = stream::choose_splits(base_units, static_cast<int>(gridDim.x), S);
+  const int units = base_units * splits;
 
   if (warp == kConsumerWarps) {  // producer
     if (lane != 0) return;
     int it = 0;
     for (int u = blockIdx.x; u < units; u += gridDim.x) {
-      const Unit unit = stream::decode_unit(u, split, S, prefix, counts, G);
-      // One token box of the unit's wgmma width (8, 16, 32 or 64 rows; rows past the chunk are read
-      // but feed only output columns that are never written, rows past the tensor read as zeros).
-      const int width = token_width_index(unit.ntok);
-      const uint32_t bytes = kWeightTileBytes + (kTokenTileBytes << width);
+      const Unit unit = stream::decode_unit(u, splits, S, prefix, counts, G);
+      const int tiles = (unit.ntok + 7) / 8;
+      const uint32_t bytes = kWeightTileBytes + tiles * kTokenTileBytes;
       const int wrow = unit.g * p.n + unit.nb * kBlockRows;
       const int trow = row0s[unit.g] + unit.tok0;
       for (int kb = unit.kb0; kb < unit.kb1; ++kb, ++it) {
@@ -389,7 +380,8 @@ __global__ void __launch_bounds__(kThreads, 1) stream_grouped_gemm_kernel(const 
         mbar_expect_tx(bar, bytes);
         const uint32_t dst = smem_addr(ring + static_cast<size_t>(s) * kStageBytes);
         tma_load(dst, &p.weights, kb * kStageK, wrow, bar);
-        tma_load(dst + kWeightTileBytes, &p.tokens[width], kb * kStageK, trow, bar);
+        for (int t = 0; t < tiles; ++t)
+          tma_load(dst + kWeightTileBytes + t * kTokenTileBytes, &p.tokens, kb * kStageK, trow + t * 8, bar);
       }
     }
     return;
@@ -398,14 +390,13 @@ __global__ void __launch_bounds__(kThreads, 1) stream_grouped_gemm_kernel(const 
   int it = 0;
   int* last_flag = counts + G;
   for (int u = blockIdx.x; u < units; u += gridDim.x) {
-    const Unit unit = stream::decode_unit(u, split, S, prefix, counts, G);
+    const Unit unit = stream::decode_unit(u, splits, S, prefix, counts, G);
     const int row0 = row0s[unit.g];
-    switch (token_width_index(unit.ntok)) {
-      case 0: it = consume_unit<1>(p, unit, row0, ring, full, empty, last_flag, it); break;
-      case 1: it = consume_unit<2>(p, unit, row0, ring, full, empty, last_flag, it); break;
-      case 2: it = consume_unit<4>(p, unit, row0, ring, full, empty, last_flag, it); break;
-      default: it = consume_unit<8>(p, unit, row0, ring, full, empty, last_flag, it); break;
-    }
+    const int tiles = (unit.ntok + 7) / 8;
+    if (tiles <= 1) it = consume_unit<1>(p, unit, splits, u, row0, ring, full, empty, last_flag, it);
+    else if (tiles <= 2) it = consume_unit<2>(p, unit, splits, u, row0, ring, full, empty, last_flag, it);
+    else if (tiles <= 4) it = consume_unit<4>(p, unit, splits, u, row0, ring, full, empty, last_flag, it);
+    else it = consume_unit<8>(p, unit, splits, u, row0, ring, full, empty, last_flag, it);
   }
 }
 
@@ -476,12 +467,12 @@ class StreamGroupedGemm final : public GemmImpl {
     const uint64_t token_rows = packed ? static_cast<uint64_t>(s.rows) : static_cast<uint64_t>(s.num_groups) * s.rows;
     // No token rows: every count clamps to 0 (or its group is skipped), so no unit reads the map.
     if (token_rows > 0 && l.a != tokens_base_) {
-      for (int i = 0; i < 4; ++i) encode(&tokens_map_[i], l.a, token_rows, 8u << i);
+      encode(&tokens_map_, l.a, token_rows, 8);
       tokens_base_ = l.a;
     }
     StreamParams p{};
     p.weights = weights_map_;
-    for (int i = 0; i < 4; ++i) p.tokens[i] = tokens_map_[i];
+    p.tokens = tokens_map_;
     p.a_scale = l.a_scale;
     p.b_scale = l.b_scale;
     p.d = l.d;
@@ -516,7 +507,7 @@ class StreamGroupedGemm final : public GemmImpl {
                 static_cast<int>(r), ") for a [", rows, ", ", shape_.k, "] operand");
   }
 
-  CUtensorMap weights_map_{}, tokens_map_[4]{};
+  CUtensorMap weights_map_{}, tokens_map_{};
   const void* weights_base_ = nullptr;
   const void* tokens_base_ = nullptr;
   int sm_count_ = 0;
