@@ -33,6 +33,19 @@ SYSTEMS = [("epkit", "epkit (the heuristic's config)", "C0", ""),
            ("deepgemm", "DeepGEMM m_grouped_fp8_gemm_nt_masked", "C3", " masked")]
 
 
+def decode_axes(ax, ceil, title, title_size=None):
+    """An axis of weight bytes / time against rows per expert, with the HBM read ceiling (dotted) and
+    the 90% decode target (dashed)."""
+    hbm = ceil["hbm_read_GBps"]
+    ax.axhline(hbm, color="k", lw=1, ls=":")
+    ax.axhline(0.9 * hbm, color="grey", lw=0.8, ls="--")
+    ax.set_xscale("log", base=2)
+    ax.set_ylim(0, hbm * 1.1)
+    ax.set_title(title, fontsize=title_size)
+    ax.set_xlabel("rows per expert m")
+    ax.set_ylabel("GB/s of weights")
+
+
 def plot_kernels(doc, out):
     ceil = doc["ceilings"]
     rows = [r for r in doc["rows"] if r["kernel"] == "grouped_gemm" and r.get("us_median")
@@ -56,15 +69,9 @@ def plot_kernels(doc, out):
                            label=f"{label}, G={G}")
                 ax_tf.plot(ms, [p[2] for p in pts], style, marker="o", ms=3, color=color,
                            label=f"{label}, G={G}")
-        ax_bw.axhline(ceil["hbm_read_GBps"], color="k", lw=1, ls=":")
+        decode_axes(ax_bw, ceil, f"{shape} (N {n}, K {k}): weight bytes / time")
         ax_bw.text(1, ceil["hbm_read_GBps"] * 1.01, f"HBM read {ceil['hbm_read_GBps']:.0f} GB/s", fontsize=8)
-        ax_bw.axhline(0.9 * ceil["hbm_read_GBps"], color="grey", lw=0.8, ls="--")
         ax_bw.text(1, 0.9 * ceil["hbm_read_GBps"] * 1.01, "90% target", fontsize=8, color="grey")
-        ax_bw.set_xscale("log", base=2)
-        ax_bw.set_ylim(0, ceil["hbm_read_GBps"] * 1.1)
-        ax_bw.set_title(f"{shape} (N {n}, K {k}): weight bytes / time")
-        ax_bw.set_xlabel("rows per expert m")
-        ax_bw.set_ylabel("GB/s of weights")
         ax_tf.axhline(ceil["fp8_dense_TFLOPs"], color="k", lw=1, ls=":")
         size = next((w for w in ceil.get("fp8_method", "").replace(",", " ").split() if "^3" in w), "")
         ax_tf.text(1, ceil["fp8_dense_TFLOPs"] * 1.01, f"cuBLASLt FP8 {size} {ceil['fp8_dense_TFLOPs']:.0f} TFLOP/s",
@@ -100,13 +107,7 @@ def plot_configs(doc, out):
                     ax.plot([p[0] for p in pts], [p[1] for p in pts], "-" if own else "--", marker="o", ms=4,
                             color="C3" if own else f"C{i}", lw=2 if own else 1,
                             label=("own: " if own else "CUTLASS: ") + cfg)
-            ax.axhline(ceil["hbm_read_GBps"], color="k", lw=1, ls=":")
-            ax.axhline(0.9 * ceil["hbm_read_GBps"], color="grey", lw=0.8, ls="--")
-            ax.set_xscale("log", base=2)
-            ax.set_ylim(0, ceil["hbm_read_GBps"] * 1.1)
-            ax.set_title(f"{shape}, G = {G}", fontsize=10)
-            ax.set_xlabel("rows per expert m")
-            ax.set_ylabel("GB/s of weights")
+            decode_axes(ax, ceil, f"{shape}, G = {G}", title_size=10)
     axes[0][0].legend(fontsize=7, loc="lower left")
     meta = doc.get("meta", {})
     fig.suptitle(f"Grouped GEMM configs at decode (HBM read {ceil['hbm_read_GBps']:.0f} GB/s dotted, 90% dashed): "

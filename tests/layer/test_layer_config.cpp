@@ -90,7 +90,6 @@ TEST(MoELayerConfig, DerivedConfigs) {
   EXPECT_THROW(parse_schedule("pipelined"), Error);
 }
 
-// The GEMM tile is chosen for the fullest expert, not the mean one: mean + sqrt(2 mean ln L).
 // The layer's rule for the fused gate + router: DeepSeek-V3's router at every world size (the gate
 // covers all E experts), not below 128 experts, not for the softmax router, not for an empty half.
 TEST(MoELayerConfig, GateRouterFitsTheWarpRoutersShapes) {
@@ -105,6 +104,7 @@ TEST(MoELayerConfig, GateRouterFitsTheWarpRoutersShapes) {
   EXPECT_FALSE(gate_router_fits(c, 32));
 }
 
+// The GEMM tile is chosen for the fullest expert, not the mean one: mean + sqrt(2 mean ln L).
 TEST(MoELayerConfig, ExpectedRowsPerExpertCoversTheFullestExpert) {
   MoELayerConfig one = deepseek(1);
   one.num_experts = 32;  // an EP8 rank's experts on one GPU

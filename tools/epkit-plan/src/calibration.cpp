@@ -160,12 +160,11 @@ Calibration calibration_from_json(const Json& j, const ModelSpec& m, const std::
       // kernel on full groups, which is what the planner's kernels are.
       if (row_system == "epkit" && r.variant.find(' ') == std::string::npos) {
         cal.kernels.push_back(std::move(r));
-      } else if (row_system == "epkit_vs_deepgemm" && r.variant.size() > 7 &&
-                 r.variant.compare(r.variant.size() - 7, 7, " masked") == 0 &&
-                 r.variant.find(' ') == r.variant.size() - 7) {
+      } else if (const size_t sp = r.variant.find(' ');
+                 row_system == "epkit_vs_deepgemm" && sp != std::string::npos && r.variant.substr(sp) == " masked") {
         // deepgemm_baseline.py's "<shape> masked" rows (even counts, the heuristic's config): the same
         // measurement as epkit-moe's "<shape>" row, used where the file has none of its own.
-        r.variant.resize(r.variant.size() - 7);
+        r.variant.resize(sp);
         beside.push_back(std::move(r));
       } else {
         ++cal.kernel_rows_ignored;
